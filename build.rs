@@ -1,0 +1,17 @@
+//! Compiles the service protos with tonic-prost-build and writes the descriptor set that server
+//! reflection serves.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out.join("compute_descriptor.bin"))
+        .compile_protos(
+            &[
+                "proto/compute/v1/compute.proto",
+                "proto/common/v1/usage.proto",
+            ],
+            &["proto"],
+        )?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

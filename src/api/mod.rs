@@ -1,0 +1,25 @@
+//! Generated wire types of `compute.v1` and `common.v1`, and the conversions between them and the
+//! domain types (in [`convert`]).
+
+#![allow(missing_docs, clippy::large_enum_variant)]
+
+pub mod convert;
+
+/// `common.v1`: shared message types.
+pub mod common {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("common.v1");
+    }
+}
+
+/// `compute.v1`: the ComputeService.
+pub mod compute {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("compute.v1");
+    }
+}
+
+/// The encoded file descriptor set of every proto this crate serves, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("compute_descriptor");

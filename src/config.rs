@@ -1,0 +1,303 @@
+//! Node daemon configuration: a TOML file (every key optional), overridden by the environment
+//! variables the spec names, validated before any port is bound.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Errors of configuration loading.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this struct.
+    #[error("config {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: toml::de::Error,
+    },
+    /// A value is out of range.
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+/// Which containerd runtime launches sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeKind {
+    /// `io.containerd.runsc.v1` if `containerd-shim-runsc-v1` is on PATH, else runc-wrapper.
+    Auto,
+    /// gVisor's own shim, `io.containerd.runsc.v1`.
+    RunscShim,
+    /// `io.containerd.runc.v2` with `binary_name` pointing at a runsc wrapper.
+    RuncWrapper,
+}
+
+/// The node daemon's configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// TCP listen address of ComputeService (`COMPUTE_LISTEN`).
+    pub listen: String,
+    /// Unix socket path of ComputeService (`COMPUTE_SOCKET`); empty disables it.
+    pub socket: PathBuf,
+    /// containerd's gRPC socket (`CONTAINERD_ADDRESS`).
+    pub containerd_socket: PathBuf,
+    /// containerd namespace for every object we make.
+    pub namespace: String,
+    /// State directory: workspaces, FIFOs, the runsc wrapper (`COMPUTE_STATE_DIR`).
+    pub state_dir: PathBuf,
+    /// Runtime directory for FIFOs and runsc state (`COMPUTE_RUN_DIR`).
+    pub run_dir: PathBuf,
+    /// Runtime selection.
+    pub runtime: RuntimeKind,
+    /// The runsc binary.
+    pub runsc_path: PathBuf,
+    /// runsc `--platform`; empty keeps runsc's default.
+    pub runsc_platform: String,
+    /// Extra runsc flags (global flags, e.g. `--debug`).
+    pub runsc_flags: Vec<String>,
+    /// Default image when a request names none (`SANDBOX_IMAGE`).
+    pub sandbox_image: String,
+    /// Default storage class (`PVC_STORAGE_CLASS`).
+    pub storage_class: String,
+    /// Default workspace size (`PVC_WORKSPACE_SIZE`).
+    pub workspace_size: String,
+    /// Default CPU limit in millicores.
+    pub default_cpu_millis: u32,
+    /// Default memory limit in bytes.
+    pub default_memory_bytes: u64,
+    /// Default max_runtime in seconds.
+    pub default_max_runtime_secs: u64,
+    /// Upper bound on max_runtime a request may ask for, in seconds.
+    pub max_max_runtime_secs: u64,
+    /// Memory the host cgroup allows above memory_bytes, for the sentry and gofer (bytes).
+    pub memory_headroom_bytes: u64,
+    /// pids limit of the sandbox cgroup.
+    pub pids_limit: i64,
+    /// How long ExecCommand waits for a STARTING sandbox, in seconds.
+    pub ready_wait_secs: u64,
+    /// Exec timeout cap and default, in seconds.
+    pub exec_timeout_cap_secs: u64,
+    /// Grace between SIGTERM and SIGKILL on cancellation, in seconds.
+    pub cancel_grace_secs: u64,
+    /// How often running execs sample the sandbox cgroup, in milliseconds.
+    pub sample_interval_ms: u64,
+    /// How long a destroyed sandbox's workspace is kept, in seconds.
+    pub workspace_grace_secs: u64,
+    /// The cgroup filesystem root.
+    pub cgroup_root: PathBuf,
+    /// Parent cgroup of every sandbox.
+    pub cgroup_parent: String,
+    /// Log as JSON lines.
+    pub log_json: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:50051".into(),
+            socket: "/run/compute/compute.sock".into(),
+            containerd_socket: "/run/containerd/containerd.sock".into(),
+            namespace: "compute".into(),
+            state_dir: "/var/lib/compute".into(),
+            run_dir: "/run/compute".into(),
+            runtime: RuntimeKind::Auto,
+            runsc_path: "/usr/bin/runsc".into(),
+            runsc_platform: String::new(),
+            runsc_flags: vec![],
+            sandbox_image: "compute.local/sandbox-python:latest".into(),
+            storage_class: "standard".into(),
+            workspace_size: "5Gi".into(),
+            default_cpu_millis: 1000,
+            default_memory_bytes: 1 << 30,
+            default_max_runtime_secs: 15 * 60,
+            max_max_runtime_secs: 24 * 3600,
+            memory_headroom_bytes: 384 << 20,
+            pids_limit: 1024,
+            ready_wait_secs: 60,
+            exec_timeout_cap_secs: 600,
+            cancel_grace_secs: 10,
+            sample_interval_ms: 20,
+            workspace_grace_secs: 24 * 3600,
+            cgroup_root: "/sys/fs/cgroup".into(),
+            cgroup_parent: "compute".into(),
+            log_json: false,
+        }
+    }
+}
+
+impl Config {
+    /// Loads the file at `path` (if any), applies environment overrides and validates.
+    pub fn load(path: Option<&Path>) -> Result<Self, Error> {
+        let mut cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| Error::Read {
+                    path: p.into(),
+                    source,
+                })?;
+                toml::from_str(&text).map_err(|source| Error::Parse {
+                    path: p.into(),
+                    source,
+                })?
+            }
+            None => Config::default(),
+        };
+        cfg.apply_env(|k| std::env::var(k).ok());
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Applies the environment overrides, reading variables through `get`.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) {
+        let nonempty = |k: &str| get(k).filter(|v| !v.is_empty());
+        if let Some(v) = nonempty("COMPUTE_LISTEN") {
+            self.listen = v;
+        }
+        if let Some(v) = get("COMPUTE_SOCKET") {
+            self.socket = v.into();
+        }
+        if let Some(v) = nonempty("CONTAINERD_ADDRESS") {
+            self.containerd_socket = v.into();
+        }
+        if let Some(v) = nonempty("COMPUTE_STATE_DIR") {
+            self.state_dir = v.into();
+        }
+        if let Some(v) = nonempty("COMPUTE_RUN_DIR") {
+            self.run_dir = v.into();
+        }
+        if let Some(v) = nonempty("COMPUTE_NAMESPACE") {
+            self.namespace = v;
+        }
+        if let Some(v) = nonempty("SANDBOX_IMAGE") {
+            self.sandbox_image = v;
+        }
+        if let Some(v) = nonempty("PVC_STORAGE_CLASS") {
+            self.storage_class = v;
+        }
+        if let Some(v) = nonempty("PVC_WORKSPACE_SIZE") {
+            self.workspace_size = v;
+        }
+    }
+
+    /// Checks ranges and formats.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() && !self.listen.is_empty() {
+            return bad(format!("listen {:?} is not an address:port", self.listen));
+        }
+        if self.namespace.is_empty() {
+            return bad("namespace is empty".into());
+        }
+        if parse_size(&self.workspace_size).is_none() {
+            return bad(format!(
+                "workspace_size {:?} is not a size",
+                self.workspace_size
+            ));
+        }
+        if self.default_cpu_millis == 0 || self.default_memory_bytes < (16 << 20) {
+            return bad("default limits are too small".into());
+        }
+        if self.exec_timeout_cap_secs == 0 || self.sample_interval_ms == 0 {
+            return bad("exec_timeout_cap_secs and sample_interval_ms must be > 0".into());
+        }
+        if !self.state_dir.is_absolute() || !self.run_dir.is_absolute() {
+            return bad("state_dir and run_dir must be absolute".into());
+        }
+        Ok(())
+    }
+
+    /// The ready wait as a Duration.
+    pub fn ready_wait(&self) -> Duration {
+        Duration::from_secs(self.ready_wait_secs)
+    }
+}
+
+/// Parses a Kubernetes quantity such as `5Gi`, `512Mi`, `1G` or `1000` into bytes.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" | "K" => 1000,
+        "M" => 1000u64.pow(2),
+        "G" => 1000u64.pow(3),
+        "T" => 1000u64.pow(4),
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return None,
+    };
+    n.checked_mul(mult).filter(|v| *v > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        for (s, v) in [
+            ("5Gi", Some(5u64 << 30)),
+            ("512Mi", Some(512 << 20)),
+            ("1G", Some(1_000_000_000)),
+            ("4096", Some(4096)),
+            ("0", None),
+            ("", None),
+            ("5GB", None),
+            ("-1Gi", None),
+            ("Gi", None),
+        ] {
+            assert_eq!(parse_size(s), v, "{s}");
+        }
+    }
+
+    #[test]
+    fn env_overrides_the_file() {
+        let mut c = Config::default();
+        c.apply_env(|k| match k {
+            "SANDBOX_IMAGE" => Some("img:1".into()),
+            "PVC_WORKSPACE_SIZE" => Some("1Gi".into()),
+            "COMPUTE_LISTEN" => Some("127.0.0.1:6000".into()),
+            _ => None,
+        });
+        assert_eq!(c.sandbox_image, "img:1");
+        assert_eq!(c.workspace_size, "1Gi");
+        assert_eq!(c.listen, "127.0.0.1:6000");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let r: Result<Config, _> = toml::from_str("no_such_key = 1");
+        assert!(r.is_err());
+        let c: Config = toml::from_str("pids_limit = 77").unwrap();
+        assert_eq!(c.pids_limit, 77);
+    }
+
+    #[test]
+    fn bad_values_fail_validation() {
+        let c = Config {
+            listen: "nope".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+        let c = Config {
+            workspace_size: "lots".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,14 @@
+//! The gVisor compute service: a node daemon that runs untrusted code in gVisor sandboxes
+//! through containerd, meters it, and keeps its workspaces.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod metering;
+pub mod node;
+pub mod runtime;
+pub mod server;
+pub mod workspace;

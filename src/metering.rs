@@ -1,0 +1,311 @@
+//! Metering from the sandbox's host cgroup (v1 and v2).
+//!
+//! The sandbox cgroup holds runsc's sentry, gofer and platform stubs, so its counters are the
+//! sandbox's true host cost. Reads are plain synchronous file reads: callers on the async runtime
+//! go through `spawn_blocking`.
+
+use std::path::{Path, PathBuf};
+
+/// Errors of metering reads.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A cgroup file could not be read or parsed.
+    #[error("cgroup file {path}: {why}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// Which cgroup hierarchy the host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CgroupVersion {
+    /// Legacy or hybrid: one hierarchy per controller.
+    V1,
+    /// Unified hierarchy.
+    V2,
+}
+
+impl CgroupVersion {
+    /// Detects the version from the mount at `root` (normally `/sys/fs/cgroup`).
+    pub fn detect(root: &Path) -> Self {
+        if root.join("cgroup.controllers").exists() {
+            CgroupVersion::V2
+        } else {
+            CgroupVersion::V1
+        }
+    }
+}
+
+/// Usage counters of one measurement window, in the units of `UsageMetrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// CPU time in milliseconds.
+    pub cpu_ms: u64,
+    /// Peak memory in bytes.
+    pub memory_peak_bytes: u64,
+    /// Time-weighted average memory in bytes.
+    pub memory_avg_bytes: u64,
+    /// Bytes read from the workspace.
+    pub disk_read_bytes: u64,
+    /// Bytes written to the workspace.
+    pub disk_write_bytes: u64,
+    /// Bytes sent out.
+    pub network_egress_bytes: u64,
+    /// Bytes received.
+    pub network_ingress_bytes: u64,
+}
+
+/// A point-in-time reading of a sandbox cgroup.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    /// Total CPU time in nanoseconds since the cgroup was made.
+    pub cpu_ns: u64,
+    /// Memory in use, not counting reclaimable inactive file cache.
+    pub working_set: u64,
+    /// The kernel's own high-water mark of memory use.
+    pub peak: u64,
+}
+
+/// The cgroup of one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxCgroup {
+    root: PathBuf,
+    version: CgroupVersion,
+    rel: String,
+}
+
+fn read_u64(path: &Path) -> Result<u64> {
+    let s = std::fs::read_to_string(path).map_err(|e| Error::Read {
+        path: path.into(),
+        why: e.to_string(),
+    })?;
+    s.trim()
+        .parse()
+        .map_err(|e: std::num::ParseIntError| Error::Read {
+            path: path.into(),
+            why: e.to_string(),
+        })
+}
+
+fn read_stat_key(path: &Path, key: &str) -> Result<u64> {
+    let s = std::fs::read_to_string(path).map_err(|e| Error::Read {
+        path: path.into(),
+        why: e.to_string(),
+    })?;
+    for line in s.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() == Some(key) {
+            if let Some(v) = it.next().and_then(|v| v.parse().ok()) {
+                return Ok(v);
+            }
+        }
+    }
+    Err(Error::Read {
+        path: path.into(),
+        why: format!("no key {key}"),
+    })
+}
+
+impl SandboxCgroup {
+    /// The cgroup at `rel` (the OCI `cgroupsPath`, e.g. `/compute/<id>`) under `root`.
+    pub fn new(root: &Path, version: CgroupVersion, rel: &str) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            version,
+            rel: rel.trim_start_matches('/').to_string(),
+        }
+    }
+
+    fn file(&self, controller: &str, name: &str) -> PathBuf {
+        match self.version {
+            CgroupVersion::V1 => self.root.join(controller).join(&self.rel).join(name),
+            CgroupVersion::V2 => self.root.join(&self.rel).join(name),
+        }
+    }
+
+    /// The directories this cgroup occupies (one per controller on v1).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        match self.version {
+            CgroupVersion::V1 => [
+                "cpu", "cpuacct", "memory", "pids", "cpuset", "devices", "freezer", "blkio",
+            ]
+            .iter()
+            .map(|c| self.root.join(c).join(&self.rel))
+            .collect(),
+            CgroupVersion::V2 => vec![self.root.join(&self.rel)],
+        }
+    }
+
+    /// Whether the cgroup exists (the sandbox is running).
+    pub fn exists(&self) -> bool {
+        self.file("memory", "").exists()
+    }
+
+    /// Total CPU time in nanoseconds.
+    pub fn cpu_ns(&self) -> Result<u64> {
+        match self.version {
+            CgroupVersion::V1 => read_u64(&self.file("cpuacct", "cpuacct.usage")),
+            CgroupVersion::V2 => {
+                Ok(read_stat_key(&self.file("cpu", "cpu.stat"), "usage_usec")? * 1000)
+            }
+        }
+    }
+
+    /// Memory in use minus inactive file cache (the kubelet's "working set").
+    pub fn working_set(&self) -> Result<u64> {
+        let (usage, inactive) = match self.version {
+            CgroupVersion::V1 => (
+                read_u64(&self.file("memory", "memory.usage_in_bytes"))?,
+                read_stat_key(&self.file("memory", "memory.stat"), "total_inactive_file")
+                    .unwrap_or(0),
+            ),
+            CgroupVersion::V2 => (
+                read_u64(&self.file("memory", "memory.current"))?,
+                read_stat_key(&self.file("memory", "memory.stat"), "inactive_file").unwrap_or(0),
+            ),
+        };
+        Ok(usage.saturating_sub(inactive))
+    }
+
+    /// The kernel's memory high-water mark for the cgroup.
+    pub fn peak(&self) -> Result<u64> {
+        match self.version {
+            CgroupVersion::V1 => read_u64(&self.file("memory", "memory.max_usage_in_bytes")),
+            CgroupVersion::V2 => read_u64(&self.file("memory", "memory.peak")),
+        }
+    }
+
+    /// One reading of every counter.
+    pub fn sample(&self) -> Result<Sample> {
+        Ok(Sample {
+            cpu_ns: self.cpu_ns()?,
+            working_set: self.working_set()?,
+            peak: self.peak().unwrap_or(0),
+        })
+    }
+}
+
+/// Accumulates memory samples over a window into a peak and a time-weighted average.
+#[derive(Debug, Clone)]
+pub struct MemoryWindow {
+    start: std::time::Instant,
+    last: std::time::Instant,
+    last_value: u64,
+    weighted: u128,
+    peak: u64,
+}
+
+impl MemoryWindow {
+    /// Starts a window with a first sample.
+    pub fn new(first: u64) -> Self {
+        let now = std::time::Instant::now();
+        Self {
+            start: now,
+            last: now,
+            last_value: first,
+            weighted: 0,
+            peak: first,
+        }
+    }
+
+    /// Adds a sample taken now.
+    pub fn add(&mut self, value: u64) {
+        let now = std::time::Instant::now();
+        let dt = now.duration_since(self.last).as_micros();
+        self.weighted += dt * u128::from(self.last_value.saturating_add(value) / 2);
+        self.last = now;
+        self.last_value = value;
+        self.peak = self.peak.max(value);
+    }
+
+    /// The peak so far.
+    pub fn peak(&self) -> u64 {
+        self.peak
+    }
+
+    /// The time-weighted average so far (the last sample if the window is empty).
+    pub fn average(&self) -> u64 {
+        let total = self.last.duration_since(self.start).as_micros();
+        if total == 0 {
+            self.last_value
+        } else {
+            (self.weighted / total) as u64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_v1(root: &Path, rel: &str, cpu: u64, usage: u64, inactive: u64, peak: u64) {
+        let cpu_dir = root.join("cpuacct").join(rel);
+        let mem_dir = root.join("memory").join(rel);
+        std::fs::create_dir_all(&cpu_dir).unwrap();
+        std::fs::create_dir_all(&mem_dir).unwrap();
+        std::fs::write(cpu_dir.join("cpuacct.usage"), format!("{cpu}\n")).unwrap();
+        std::fs::write(mem_dir.join("memory.usage_in_bytes"), format!("{usage}\n")).unwrap();
+        std::fs::write(
+            mem_dir.join("memory.max_usage_in_bytes"),
+            format!("{peak}\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            mem_dir.join("memory.stat"),
+            format!("cache 5\ntotal_inactive_file {inactive}\n"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn reads_a_v1_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_v1(dir.path(), "compute/abc", 2_500_000, 1000, 300, 4000);
+        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V1, "/compute/abc");
+        let s = cg.sample().unwrap();
+        assert_eq!(s.cpu_ns, 2_500_000);
+        assert_eq!(s.working_set, 700);
+        assert_eq!(s.peak, 4000);
+    }
+
+    #[test]
+    fn reads_a_v2_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("compute/abc");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("cpu.stat"), "usage_usec 1500\nuser_usec 1000\n").unwrap();
+        std::fs::write(d.join("memory.current"), "9000\n").unwrap();
+        std::fs::write(d.join("memory.peak"), "12000\n").unwrap();
+        std::fs::write(d.join("memory.stat"), "anon 1\ninactive_file 1000\n").unwrap();
+        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V2, "compute/abc");
+        let s = cg.sample().unwrap();
+        assert_eq!(s.cpu_ns, 1_500_000);
+        assert_eq!(s.working_set, 8000);
+        assert_eq!(s.peak, 12000);
+    }
+
+    #[test]
+    fn missing_cgroup_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V1, "compute/none");
+        assert!(cg.sample().is_err());
+        assert!(!cg.exists());
+    }
+
+    #[test]
+    fn memory_window_tracks_peak_and_average() {
+        let mut w = MemoryWindow::new(100);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        w.add(300);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        w.add(100);
+        assert_eq!(w.peak(), 300);
+        let avg = w.average();
+        assert!(avg > 100 && avg < 300, "avg {avg}");
+    }
+}

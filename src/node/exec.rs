@@ -1,0 +1,311 @@
+//! ExecCommand through containerd: Tasks.Exec into the sandbox with per-exec FIFOs, output
+//! streamed as it is produced, usage metered from the sandbox cgroup over the exec window, and
+//! memory_bytes enforced by killing the exec (not the sandbox) when the sandbox goes over it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tracing::{info, instrument, warn};
+
+use super::{blocking, Error, Node, Sandbox};
+use crate::metering::{MemoryWindow, Usage};
+use crate::runtime::{spec, ExecIo, TaskState};
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// A validated exec request.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    /// Executable (looked up in PATH inside the sandbox when not absolute).
+    pub command: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Extra environment.
+    pub env: HashMap<String, String>,
+    /// Working directory; empty = the workspace mount path.
+    pub working_dir: String,
+    /// Timeout; None = the cap.
+    pub timeout: Option<Duration>,
+}
+
+/// One event of an exec's output stream.
+#[derive(Debug, Clone)]
+pub enum ExecEvent {
+    /// A chunk of stdout.
+    Stdout(Vec<u8>, SystemTime),
+    /// A chunk of stderr.
+    Stderr(Vec<u8>, SystemTime),
+    /// The end.
+    Completed(Completed, SystemTime),
+}
+
+/// How an exec ended.
+#[derive(Debug, Clone, Default)]
+pub struct Completed {
+    /// Exit code; -1 when cancelled; 128+N when killed by signal N.
+    pub exit_code: i32,
+    /// Wall time from start to exit.
+    pub wall_time: Duration,
+    /// Cancelled by the client.
+    pub cancelled: bool,
+    /// Killed at its timeout.
+    pub timed_out: bool,
+    /// Killed for going over memory_bytes.
+    pub oom_killed: bool,
+    /// Usage of the exec window.
+    pub usage: Usage,
+}
+
+enum Ending {
+    Exited(u32),
+    Cancelled,
+    TimedOut,
+    Oom,
+}
+
+async fn pump(mut rx: tokio::net::unix::pipe::Receiver, tx: mpsc::Sender<ExecEvent>, stderr: bool) {
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let data = buf[..n].to_vec();
+                let ev = if stderr {
+                    ExecEvent::Stderr(data, SystemTime::now())
+                } else {
+                    ExecEvent::Stdout(data, SystemTime::now())
+                };
+                if tx.send(ev).await.is_err() {
+                    // The client went away; keep draining so the process never blocks on a
+                    // full pipe while it is being stopped.
+                    while let Ok(n) = rx.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Checks an exec request and returns the sandbox once it is READY.
+    pub async fn exec_prepare(&self, id: &str, req: &ExecRequest) -> Result<Arc<Sandbox>> {
+        let sb = self.get(id)?;
+        if req.command.is_empty() {
+            return Err(Error::InvalidArgument("command is required".into()));
+        }
+        if req.command.contains('\0')
+            || req.args.iter().any(|a| a.contains('\0'))
+            || req
+                .env
+                .iter()
+                .any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
+        {
+            return Err(Error::InvalidArgument(
+                "command, args and env must not contain NUL, and env names no '='".into(),
+            ));
+        }
+        if !req.working_dir.is_empty() && !req.working_dir.starts_with('/') {
+            return Err(Error::InvalidArgument(
+                "working_dir must be absolute".into(),
+            ));
+        }
+        self.wait_ready(&sb).await?;
+        Ok(sb)
+    }
+
+    /// Runs an exec in a READY sandbox, sending its events to `tx`. The exec is cancelled when
+    /// `tx`'s receiver is dropped (the client went away).
+    #[instrument(skip_all, fields(sandbox_id = %sb.id))]
+    pub async fn exec(&self, sb: Arc<Sandbox>, req: ExecRequest, tx: mpsc::Sender<ExecEvent>) {
+        let done = match self.exec_inner(&sb, req, &tx).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "exec failed");
+                // The stream is already open: report the failure as a completed event with a
+                // distinct exit code (127, as a shell does for a command it cannot run).
+                let _ = tx
+                    .send(ExecEvent::Stderr(
+                        format!("compute: exec failed: {e}\n").into_bytes(),
+                        SystemTime::now(),
+                    ))
+                    .await;
+                Completed {
+                    exit_code: 127,
+                    ..Default::default()
+                }
+            }
+        };
+        let _ = tx.send(ExecEvent::Completed(done, SystemTime::now())).await;
+    }
+
+    async fn exec_inner(
+        &self,
+        sb: &Arc<Sandbox>,
+        req: ExecRequest,
+        tx: &mpsc::Sender<ExecEvent>,
+    ) -> Result<Completed> {
+        let cfg = self.config();
+        let ctr = &self.runtime().ctr;
+        let exec_id = format!("exec-{}", uuid::Uuid::new_v4().simple());
+        let io_dir = cfg.run_dir.join("io").join(&sb.id).join(&exec_id);
+        let mut io = blocking(move || ExecIo::create(io_dir)).await??;
+
+        let mut env: Vec<String> = vec![spec::DEFAULT_PATH.to_string(), "HOME=/root".into()];
+        let mut keys: Vec<_> = req.env.keys().collect();
+        keys.sort();
+        for k in keys {
+            env.retain(|e| !e.starts_with(&format!("{k}=")));
+            env.push(format!("{k}={}", req.env[k]));
+        }
+        let cwd = if req.working_dir.is_empty() {
+            sb.workspace.mount_path.clone()
+        } else {
+            req.working_dir.clone()
+        };
+        let mut args = vec![req.command.clone()];
+        args.extend(req.args.iter().cloned());
+        let process = spec::exec_process(&args, &env, &cwd);
+        let timeout = req
+            .timeout
+            .filter(|t| !t.is_zero())
+            .unwrap_or(Duration::from_secs(cfg.exec_timeout_cap_secs))
+            .min(Duration::from_secs(cfg.exec_timeout_cap_secs));
+
+        let cg = self.cgroup(&sb.id);
+        let cg0 = cg.clone();
+        let first = blocking(move || cg0.sample()).await?.ok();
+        let cpu0 = first.map(|s| s.cpu_ns).unwrap_or(0);
+        let mut window = MemoryWindow::new(first.map(|s| s.working_set).unwrap_or(0));
+
+        ctr.exec(
+            &sb.id,
+            &exec_id,
+            process,
+            &io.stdout_path.display().to_string(),
+            &io.stderr_path.display().to_string(),
+        )
+        .await?;
+        let started = Instant::now();
+        if let Err(e) = ctr.start(&sb.id, &exec_id).await {
+            let _ = ctr.delete_process(&sb.id, &exec_id).await;
+            return Err(e.into());
+        }
+        io.release_writers();
+        info!(exec_id = %exec_id, command = %req.command, "exec started");
+
+        let (Some(out), Some(err)) = (io.stdout.take(), io.stderr.take()) else {
+            return Err(Error::Internal("exec stdio missing".into()));
+        };
+        let p_out = tokio::spawn(pump(out, tx.clone(), false));
+        let p_err = tokio::spawn(pump(err, tx.clone(), true));
+
+        let ctr2 = ctr.clone();
+        let (id2, ex2) = (sb.id.clone(), exec_id.clone());
+        let mut wait = tokio::spawn(async move { ctr2.wait(&id2, &ex2).await });
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(Duration::from_millis(cfg.sample_interval_ms));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let limit = sb.limits.memory_bytes;
+
+        let ending = loop {
+            tokio::select! {
+                r = &mut wait => {
+                    break match r {
+                        Ok(Ok(code)) => Ending::Exited(code),
+                        Ok(Err(e)) => {
+                            // containerd restarted under us: the process may still run.
+                            let state = ctr.task_state(&sb.id, &exec_id).await.ok();
+                            match state {
+                                Some(TaskState::Stopped(code)) => Ending::Exited(code),
+                                _ => return Err(e.into()),
+                            }
+                        }
+                        Err(e) => return Err(Error::Internal(format!("wait task: {e}"))),
+                    };
+                }
+                _ = tx.closed() => break Ending::Cancelled,
+                _ = &mut deadline => break Ending::TimedOut,
+                _ = ticker.tick() => {
+                    let c = cg.clone();
+                    if let Ok(Ok(ws)) = blocking(move || c.working_set()).await {
+                        window.add(ws);
+                        sb.note_peak(ws);
+                        if ws > limit {
+                            break Ending::Oom;
+                        }
+                    }
+                }
+            }
+        };
+
+        let grace = Duration::from_secs(cfg.cancel_grace_secs);
+        let (exit_code, cancelled, timed_out, oom_killed) = match ending {
+            Ending::Exited(code) => (code as i32, false, false, false),
+            Ending::Cancelled => {
+                info!(exec_id = %exec_id, "exec cancelled by client: SIGTERM");
+                let _ = ctr.kill(&sb.id, &exec_id, 15, false).await;
+                if tokio::time::timeout(grace, &mut wait).await.is_err() {
+                    info!(exec_id = %exec_id, "exec still running after grace: SIGKILL");
+                    let _ = ctr.kill(&sb.id, &exec_id, 9, false).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(10), &mut wait).await;
+                }
+                (-1, true, false, false)
+            }
+            Ending::TimedOut => {
+                info!(exec_id = %exec_id, "exec timed out: SIGKILL");
+                let _ = ctr.kill(&sb.id, &exec_id, 9, false).await;
+                let code = match tokio::time::timeout(Duration::from_secs(10), &mut wait).await {
+                    Ok(Ok(Ok(c))) => c as i32,
+                    _ => 137,
+                };
+                (code, false, true, false)
+            }
+            Ending::Oom => {
+                warn!(exec_id = %exec_id, limit, "exec over memory_bytes: SIGKILL");
+                let _ = ctr.kill(&sb.id, &exec_id, 9, false).await;
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut wait).await;
+                (137, false, false, true)
+            }
+        };
+        let wall_time = started.elapsed();
+        // Output produced before the exit is still in the FIFOs: drain it, but do not wait
+        // forever for a background child that keeps the pipe open.
+        let drain = Duration::from_millis(500);
+        let _ = tokio::time::timeout(drain, p_out).await;
+        let _ = tokio::time::timeout(drain, p_err).await;
+        let _ = ctr.delete_process(&sb.id, &exec_id).await;
+
+        let c = cg.clone();
+        let last = blocking(move || c.sample()).await?.ok();
+        if let Some(s) = last {
+            window.add(s.working_set);
+        }
+        let cpu_ms = last
+            .map(|s| s.cpu_ns.saturating_sub(cpu0) / 1_000_000)
+            .unwrap_or(0);
+        drop(io);
+        info!(exec_id = %exec_id, exit_code, cancelled, timed_out, oom_killed,
+              wall_ms = wall_time.as_millis() as u64, cpu_ms, "exec completed");
+        Ok(Completed {
+            exit_code,
+            wall_time,
+            cancelled,
+            timed_out,
+            oom_killed,
+            usage: Usage {
+                cpu_ms,
+                memory_peak_bytes: window.peak(),
+                memory_avg_bytes: window.average(),
+                ..Default::default()
+            },
+        })
+    }
+}

@@ -1,0 +1,985 @@
+//! The node: the table of sandboxes on this machine, their lifecycle, and the ComputeService
+//! that serves them.
+//!
+//! The daemon holds no database. Each sandbox is a containerd container whose labels are its
+//! record (tenant, session, creation time, image, limits, workspace, failure); a destroyed
+//! sandbox leaves a tombstone beside its soft-deleted workspace. [`Node::recover`] rebuilds the
+//! table from those after a restart.
+
+mod error;
+pub mod exec;
+pub mod service;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tracing::{info, instrument, warn};
+
+use crate::config::{parse_size, Config};
+use crate::metering::{CgroupVersion, SandboxCgroup, Usage};
+use crate::runtime::{image, spec, Runtime, SandboxLaunch, TaskState};
+use crate::workspace;
+pub use error::Error;
+
+type Result<T> = std::result::Result<T, Error>;
+
+const LABEL_PREFIX: &str = "compute.paper-board.io/";
+
+fn label(key: &str) -> String {
+    format!("{LABEL_PREFIX}{key}")
+}
+
+/// Lifecycle state of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Status {
+    /// Recorded, being provisioned.
+    Starting,
+    /// Running; execs proceed.
+    Ready,
+    /// Start failed, the sandbox died, or max_runtime passed.
+    Failed,
+    /// Destroyed; the workspace is in its soft-delete grace window.
+    Destroyed,
+}
+
+impl Status {
+    fn word(self) -> &'static str {
+        match self {
+            Status::Starting => "STARTING",
+            Status::Ready => "READY",
+            Status::Failed => "FAILED",
+            Status::Destroyed => "DESTROYED",
+        }
+    }
+}
+
+/// Resource limits of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// CPU in millicores.
+    pub cpu_millis: u32,
+    /// Memory in bytes (enforced per exec; the host cgroup gets headroom above it).
+    pub memory_bytes: u64,
+    /// Wall-time limit of the sandbox.
+    pub max_runtime: Duration,
+}
+
+/// Workspace parameters of a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkspaceSpec {
+    /// Storage class.
+    pub storage_class: String,
+    /// Size as given (e.g. `5Gi`).
+    pub size: String,
+    /// Mount path inside the sandbox.
+    pub mount_path: String,
+}
+
+/// A validated CreateSandbox request. Empty/zero fields take the node's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    /// Tenant.
+    pub tenant_id: String,
+    /// Session.
+    pub session_id: String,
+    /// Image; empty = default.
+    pub image: String,
+    /// Storage class; empty = default.
+    pub storage_class: String,
+    /// Size; empty = default.
+    pub size: String,
+    /// Mount path; empty = /workspace.
+    pub mount_path: String,
+    /// CPU millicores; 0 = default.
+    pub cpu_millis: u32,
+    /// Memory bytes; 0 = default.
+    pub memory_bytes: u64,
+    /// Max runtime; None = default.
+    pub max_runtime: Option<Duration>,
+}
+
+/// The mutable state of a sandbox, published through a watch channel.
+#[derive(Debug, Clone)]
+pub struct State {
+    /// Status.
+    pub status: Status,
+    /// Why it failed (empty otherwise).
+    pub reason: String,
+    /// Lifetime usage, once destroyed.
+    pub final_usage: Option<Usage>,
+}
+
+/// One sandbox.
+pub struct Sandbox {
+    /// Sandbox id (a UUID; also the containerd container id).
+    pub id: String,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Session.
+    pub session_id: String,
+    /// Image name.
+    pub image: String,
+    /// Creation time.
+    pub created_at: SystemTime,
+    /// Limits.
+    pub limits: Limits,
+    /// Workspace.
+    pub workspace: WorkspaceSpec,
+    state: watch::Sender<State>,
+    /// Serialises provisioning and teardown.
+    ops: tokio::sync::Mutex<()>,
+    /// Highest memory working set any exec saw (the cgroup's own peak counts page cache).
+    peak_seen: std::sync::atomic::AtomicU64,
+}
+
+impl Sandbox {
+    /// The current state.
+    pub fn state(&self) -> State {
+        self.state.borrow().clone()
+    }
+
+    fn set_status(&self, status: Status, reason: &str) {
+        self.state.send_modify(|s| {
+            // DESTROYED is final, and FAILED is never turned back into READY.
+            if s.status == Status::Destroyed
+                || (s.status == Status::Failed && status == Status::Ready)
+            {
+                return;
+            }
+            s.status = status;
+            s.reason = reason.to_string();
+        });
+    }
+
+    fn note_peak(&self, v: u64) {
+        self.peak_seen
+            .fetch_max(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn labels(&self) -> HashMap<String, String> {
+        let created = chrono::DateTime::<chrono::Utc>::from(self.created_at);
+        HashMap::from([
+            (label("sandbox"), "1".into()),
+            (label("tenant-id"), self.tenant_id.clone()),
+            (label("session-id"), self.session_id.clone()),
+            (
+                label("created-at"),
+                created.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+            ),
+            (label("image"), self.image.clone()),
+            (label("cpu-millis"), self.limits.cpu_millis.to_string()),
+            (label("memory-bytes"), self.limits.memory_bytes.to_string()),
+            (
+                label("max-runtime-ms"),
+                self.limits.max_runtime.as_millis().to_string(),
+            ),
+            (label("storage-class"), self.workspace.storage_class.clone()),
+            (label("workspace-size"), self.workspace.size.clone()),
+            (label("mount-path"), self.workspace.mount_path.clone()),
+        ])
+    }
+
+    fn from_labels(id: &str, l: &HashMap<String, String>) -> Option<Self> {
+        let get = |k: &str| l.get(&label(k)).cloned();
+        get("sandbox")?;
+        let created_at: SystemTime = chrono::DateTime::parse_from_rfc3339(&get("created-at")?)
+            .ok()?
+            .with_timezone(&chrono::Utc)
+            .into();
+        let limits = Limits {
+            cpu_millis: get("cpu-millis")?.parse().ok()?,
+            memory_bytes: get("memory-bytes")?.parse().ok()?,
+            max_runtime: Duration::from_millis(get("max-runtime-ms")?.parse().ok()?),
+        };
+        let (status, reason) = match get("status").as_deref() {
+            Some("failed") => (Status::Failed, get("reason").unwrap_or_default()),
+            _ => (Status::Starting, String::new()),
+        };
+        Some(Sandbox {
+            id: id.to_string(),
+            tenant_id: get("tenant-id")?,
+            session_id: get("session-id")?,
+            image: get("image")?,
+            created_at,
+            limits,
+            workspace: WorkspaceSpec {
+                storage_class: get("storage-class")?,
+                size: get("workspace-size")?,
+                mount_path: get("mount-path")?,
+            },
+            state: watch::channel(State {
+                status,
+                reason,
+                final_usage: None,
+            })
+            .0,
+            ops: tokio::sync::Mutex::new(()),
+            peak_seen: Default::default(),
+        })
+    }
+}
+
+/// What DestroySandbox leaves beside the soft-deleted workspace.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Tombstone {
+    /// Sandbox id.
+    pub id: String,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Session.
+    pub session_id: String,
+    /// Image.
+    pub image: String,
+    /// Creation time, RFC 3339.
+    pub created_at: String,
+    /// Destruction time, RFC 3339.
+    pub destroyed_at: String,
+    /// When GC may delete the workspace, RFC 3339.
+    pub delete_after: String,
+    /// Limits.
+    pub limits: Limits,
+    /// Workspace.
+    pub workspace: WorkspaceSpec,
+    /// Lifetime usage.
+    pub usage: Usage,
+    /// Failure reason, if it had failed before destruction.
+    pub reason: String,
+}
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<String, Arc<Sandbox>>,
+    by_session: HashMap<(String, String), String>,
+}
+
+struct Inner {
+    cfg: Config,
+    rt: Runtime,
+    cgroup_version: CgroupVersion,
+    table: Mutex<Table>,
+    helpers_dir: Option<PathBuf>,
+}
+
+/// The node: sandboxes on this machine.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+/// Runs a blocking closure off the async runtime, bounded by a timeout.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(60), tokio::task::spawn_blocking(f)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Error::Internal(format!("blocking task failed: {e}"))),
+        Err(_) => Err(Error::Internal("blocking task timed out".into())),
+    }
+}
+
+/// Validates a mount path: absolute and clean.
+pub fn validate_mount_path(p: &str) -> Result<()> {
+    let bad = |why: &str| Err(Error::InvalidArgument(format!("mount_path {p:?} {why}")));
+    if !p.starts_with('/') {
+        return bad("must be absolute");
+    }
+    if p == "/" {
+        return bad("must not be /");
+    }
+    if p.contains('\0') || p.ends_with('/') || p.contains("//") {
+        return bad("must be clean");
+    }
+    if p.split('/').any(|c| c == "." || c == "..") {
+        return bad("must be clean");
+    }
+    for reserved in ["/proc", "/dev", "/sys", "/.compute"] {
+        if p == reserved || p.starts_with(&format!("{reserved}/")) {
+            return bad("is reserved");
+        }
+    }
+    Ok(())
+}
+
+/// Parses a sandbox id: it must be a UUID.
+pub fn parse_id(id: &str) -> Result<String> {
+    uuid::Uuid::parse_str(id)
+        .map(|u| u.hyphenated().to_string())
+        .map_err(|_| Error::InvalidArgument(format!("sandbox_id {id:?} is not a valid UUID")))
+}
+
+impl Node {
+    /// Builds the node over a runtime. Call [`Node::recover`] before serving.
+    pub fn new(cfg: Config, rt: Runtime) -> Self {
+        let cgroup_version = CgroupVersion::detect(&cfg.cgroup_root);
+        let helpers = cfg.state_dir.join("helpers");
+        let helpers_dir = if helpers.join("busybox").is_file() {
+            Some(helpers)
+        } else {
+            None
+        };
+        Self {
+            inner: Arc::new(Inner {
+                cfg,
+                rt,
+                cgroup_version,
+                table: Mutex::new(Table::default()),
+                helpers_dir,
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.inner.rt
+    }
+
+    /// The cgroup version of the host.
+    pub fn cgroup_version(&self) -> CgroupVersion {
+        self.inner.cgroup_version
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A panic while holding the lock cannot leave the table half-updated (every update is
+        // a single insert/remove), so a poisoned lock is still usable.
+        self.inner.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Looks a sandbox up by id.
+    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>> {
+        let id = parse_id(id)?;
+        self.table()
+            .by_id
+            .get(&id)
+            .cloned()
+            .ok_or(Error::NotFound(id))
+    }
+
+    /// Every sandbox the node knows, destroyed ones included.
+    pub fn list(&self) -> Vec<Arc<Sandbox>> {
+        let mut v: Vec<_> = self.table().by_id.values().cloned().collect();
+        v.sort_by_key(|s| s.created_at);
+        v
+    }
+
+    /// The cgroup of a sandbox.
+    pub fn cgroup(&self, id: &str) -> SandboxCgroup {
+        SandboxCgroup::new(
+            &self.inner.cfg.cgroup_root,
+            self.inner.cgroup_version,
+            &self.cgroups_path(id),
+        )
+    }
+
+    fn cgroups_path(&self, id: &str) -> String {
+        format!("/{}/{}", self.inner.cfg.cgroup_parent.trim_matches('/'), id)
+    }
+
+    fn paths(&self, id: &str) -> workspace::Paths {
+        workspace::Paths::new(&self.inner.cfg.state_dir, id)
+    }
+
+    /// The workspace handle of a sandbox (for file RPCs). Works while STARTING and READY (and
+    /// FAILED, for post-mortems); DESTROYED is FAILED_PRECONDITION.
+    pub async fn workspace(&self, id: &str) -> Result<(Arc<Sandbox>, workspace::Workspace)> {
+        let sb = self.get(id)?;
+        if sb.state().status == Status::Destroyed {
+            return Err(Error::FailedPrecondition {
+                id: sb.id.clone(),
+                state: "DESTROYED".into(),
+            });
+        }
+        let paths = self.paths(&sb.id);
+        let mount = sb.workspace.mount_path.clone();
+        let ws = blocking(move || {
+            paths
+                .create()
+                .map_err(|e| Error::Internal(format!("workspace directory: {e}")))?;
+            workspace::Workspace::open(&paths.data, &mount).map_err(Error::from)
+        })
+        .await??;
+        Ok((sb, ws))
+    }
+
+    /// CreateSandbox: records the sandbox and provisions it in the background. A live (STARTING
+    /// or READY) sandbox of the same tenant and session is returned instead of a new one.
+    #[instrument(skip_all, fields(tenant_id = %req.tenant_id, session_id = %req.session_id))]
+    pub async fn create(&self, req: CreateRequest) -> Result<Arc<Sandbox>> {
+        let cfg = &self.inner.cfg;
+        if req.tenant_id.is_empty() || req.session_id.is_empty() {
+            return Err(Error::InvalidArgument(
+                "tenant_id and session_id are required".into(),
+            ));
+        }
+        let mount_path = if req.mount_path.is_empty() {
+            "/workspace".to_string()
+        } else {
+            req.mount_path.clone()
+        };
+        validate_mount_path(&mount_path)?;
+        let size = if req.size.is_empty() {
+            cfg.workspace_size.clone()
+        } else {
+            req.size.clone()
+        };
+        if parse_size(&size).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "workspace size {size:?} is not a quantity like 5Gi"
+            )));
+        }
+        let storage_class = if req.storage_class.is_empty() {
+            cfg.storage_class.clone()
+        } else {
+            req.storage_class.clone()
+        };
+        let max_runtime = req
+            .max_runtime
+            .unwrap_or(Duration::from_secs(cfg.default_max_runtime_secs));
+        if max_runtime.is_zero() || max_runtime > Duration::from_secs(cfg.max_max_runtime_secs) {
+            return Err(Error::InvalidArgument(format!(
+                "max_runtime must be between 1s and {}s",
+                cfg.max_max_runtime_secs
+            )));
+        }
+        let limits = Limits {
+            cpu_millis: if req.cpu_millis == 0 {
+                cfg.default_cpu_millis
+            } else {
+                req.cpu_millis
+            },
+            memory_bytes: if req.memory_bytes == 0 {
+                cfg.default_memory_bytes
+            } else {
+                req.memory_bytes
+            },
+            max_runtime,
+        };
+        if limits.memory_bytes < (32 << 20) {
+            return Err(Error::InvalidArgument(
+                "memory_bytes must be at least 32 MiB".into(),
+            ));
+        }
+        if limits.cpu_millis < 10 {
+            return Err(Error::InvalidArgument(
+                "cpu_millis must be at least 10".into(),
+            ));
+        }
+        let image = if req.image.is_empty() {
+            cfg.sandbox_image.clone()
+        } else {
+            req.image.clone()
+        };
+
+        let session_key = (req.tenant_id.clone(), req.session_id.clone());
+        let sb = {
+            let mut t = self.table();
+            if let Some(existing) = t
+                .by_session
+                .get(&session_key)
+                .and_then(|id| t.by_id.get(id))
+            {
+                if matches!(existing.state().status, Status::Starting | Status::Ready) {
+                    return Ok(existing.clone());
+                }
+            }
+            let sb = Arc::new(Sandbox {
+                id: uuid::Uuid::new_v4().to_string(),
+                tenant_id: req.tenant_id.clone(),
+                session_id: req.session_id.clone(),
+                image,
+                created_at: SystemTime::now(),
+                limits,
+                workspace: WorkspaceSpec {
+                    storage_class,
+                    size,
+                    mount_path,
+                },
+                state: watch::channel(State {
+                    status: Status::Starting,
+                    reason: String::new(),
+                    final_usage: None,
+                })
+                .0,
+                ops: tokio::sync::Mutex::new(()),
+                peak_seen: Default::default(),
+            });
+            t.by_session.insert(session_key.clone(), sb.id.clone());
+            t.by_id.insert(sb.id.clone(), sb.clone());
+            sb
+        };
+        // The record goes to containerd before we answer, so a restart right after still knows
+        // the sandbox. Holding `ops` keeps a racing Destroy out until provisioning is done.
+        let guard = sb.ops.lock().await;
+        if let Err(e) = self.record(&sb).await {
+            let mut t = self.table();
+            t.by_id.remove(&sb.id);
+            if t.by_session.get(&session_key) == Some(&sb.id) {
+                t.by_session.remove(&session_key);
+            }
+            return Err(e);
+        }
+        drop(guard);
+        info!(sandbox_id = %sb.id, image = %sb.image, "sandbox created");
+        self.spawn_provision(sb.clone());
+        self.spawn_deadline(sb.clone());
+        Ok(sb)
+    }
+
+    async fn record(&self, sb: &Sandbox) -> Result<()> {
+        let paths = self.paths(&sb.id);
+        let p2 = paths.clone();
+        blocking(move || p2.create())
+            .await?
+            .map_err(|e| Error::Internal(format!("create workspace: {e}")))?;
+        // The spec written now is a placeholder; provisioning writes the real one once the
+        // image is resolved (containers are immutable in spec only through Update, which we
+        // avoid: the task is created from the spec we pass at container creation).
+        let spec_json = self.spec_for(sb, &[]);
+        self.inner
+            .rt
+            .create_container(SandboxLaunch {
+                id: &sb.id,
+                labels: sb.labels(),
+                spec: spec_json,
+                image: &sb.image,
+            })
+            .await?;
+        Ok(())
+    }
+
+    fn spec_for(&self, sb: &Sandbox, image_env: &[String]) -> Vec<u8> {
+        let cfg = &self.inner.cfg;
+        let paths = self.paths(&sb.id);
+        let init_args: Vec<String> = if self.inner.helpers_dir.is_some() {
+            vec![
+                "/.compute/busybox".into(),
+                "sh".into(),
+                "-c".into(),
+                "trap 'exit 0' TERM INT; while :; do /.compute/busybox sleep 3600 & wait $!; done"
+                    .into(),
+            ]
+        } else {
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done".into(),
+            ]
+        };
+        let short = &sb.id[..8];
+        spec::sandbox_spec(&spec::SandboxSpec {
+            hostname: format!("sandbox-{short}"),
+            init_args,
+            env: image_env.to_vec(),
+            workspace_dir: &paths.data,
+            mount_path: &sb.workspace.mount_path,
+            helpers_dir: self.inner.helpers_dir.as_deref(),
+            cgroups_path: self.cgroups_path(&sb.id),
+            cpu_quota: i64::from(sb.limits.cpu_millis) * 100,
+            memory_limit: (sb.limits.memory_bytes
+                + cfg.memory_headroom_bytes.max(sb.limits.memory_bytes / 4))
+                as i64,
+            pids_limit: cfg.pids_limit,
+        })
+    }
+
+    fn spawn_provision(&self, sb: Arc<Sandbox>) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let _guard = sb.ops.lock().await;
+            if sb.state().status != Status::Starting {
+                return;
+            }
+            match node.provision(&sb).await {
+                Ok(()) => {
+                    sb.set_status(Status::Ready, "");
+                    info!(sandbox_id = %sb.id, "sandbox ready");
+                    node.spawn_exit_watch(sb.clone());
+                }
+                Err(e) => {
+                    warn!(sandbox_id = %sb.id, error = %e, "sandbox failed to start");
+                    node.fail(&sb, &format!("start failed: {e}")).await;
+                }
+            }
+        });
+    }
+
+    async fn provision(&self, sb: &Sandbox) -> Result<()> {
+        let rt = &self.inner.rt;
+        let resolved = image::resolve(&rt.ctr, &sb.image).await?;
+        // Re-create the container with the image's environment in its spec: the record from
+        // Create carries the same labels, so this is invisible to recovery.
+        let spec_json = self.spec_for(sb, &resolved.env);
+        let current = rt.ctr.get_container(&sb.id).await?;
+        let spec_now = current.spec.map(|a| a.value).unwrap_or_default();
+        if spec_now != spec_json {
+            rt.ctr.delete_container(&sb.id).await?;
+            rt.create_container(SandboxLaunch {
+                id: &sb.id,
+                labels: sb.labels(),
+                spec: spec_json,
+                image: &sb.image,
+            })
+            .await?;
+        }
+        rt.start_task(&sb.id, &resolved.chain_id).await?;
+        Ok(())
+    }
+
+    /// Marks a sandbox FAILED (in memory and in its container labels) and stops its task.
+    async fn fail(&self, sb: &Sandbox, reason: &str) {
+        sb.set_status(Status::Failed, reason);
+        let labels = HashMap::from([
+            (label("status"), "failed".to_string()),
+            (label("reason"), reason.chars().take(1000).collect()),
+        ]);
+        if let Err(e) = self.inner.rt.ctr.set_labels(&sb.id, labels).await {
+            warn!(sandbox_id = %sb.id, error = %e, "could not record failure");
+        }
+        if let Ok(state) = self.inner.rt.ctr.task_state(&sb.id, "").await {
+            if !matches!(state, TaskState::Missing | TaskState::Stopped(_)) {
+                let _ = self.inner.rt.ctr.kill(&sb.id, "", 9, true).await;
+            }
+        }
+    }
+
+    fn spawn_deadline(&self, sb: Arc<Sandbox>) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let deadline = sb.created_at + sb.limits.max_runtime;
+            let left = deadline
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO);
+            let mut rx = sb.state.subscribe();
+            let sleep = tokio::time::sleep(left);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut sleep => break,
+                    r = rx.changed() => {
+                        if r.is_err() || matches!(rx.borrow().status, Status::Destroyed | Status::Failed) {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _g = sb.ops.lock().await;
+            if matches!(sb.state().status, Status::Starting | Status::Ready) {
+                warn!(sandbox_id = %sb.id, "max_runtime exceeded");
+                node.fail(&sb, "max_runtime exceeded").await;
+            }
+        });
+    }
+
+    /// Watches the sandbox's init task: when it exits on its own, the sandbox is FAILED.
+    fn spawn_exit_watch(&self, sb: Arc<Sandbox>) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let ctr = node.inner.rt.ctr.clone();
+            loop {
+                if matches!(sb.state().status, Status::Destroyed | Status::Failed) {
+                    return;
+                }
+                match ctr.wait(&sb.id, "").await {
+                    Ok(code) => {
+                        let _g = sb.ops.lock().await;
+                        if sb.state().status == Status::Ready {
+                            warn!(sandbox_id = %sb.id, code, "sandbox exited");
+                            node.fail(&sb, &format!("sandbox exited with status {code}"))
+                                .await;
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_not_found() => return,
+                    Err(_) => {
+                        // containerd restarting: try again shortly.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Cumulative usage since creation (lifetime usage once destroyed).
+    pub async fn usage(&self, sb: &Sandbox) -> Usage {
+        if let Some(u) = sb.state().final_usage {
+            return u;
+        }
+        let cg = self.cgroup(&sb.id);
+        let sample = blocking(move || cg.sample())
+            .await
+            .ok()
+            .and_then(|r| r.ok());
+        match sample {
+            Some(s) => {
+                sb.note_peak(s.working_set);
+                Usage {
+                    cpu_ms: s.cpu_ns / 1_000_000,
+                    memory_peak_bytes: sb
+                        .peak_seen
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                        .max(s.working_set),
+                    memory_avg_bytes: s.working_set,
+                    ..Default::default()
+                }
+            }
+            None => Usage {
+                memory_peak_bytes: sb.peak_seen.load(std::sync::atomic::Ordering::Relaxed),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// DestroySandbox: stops the sandbox, removes everything it made in containerd and on the
+    /// host, and soft-deletes its workspace. Idempotent: destroying again returns the same usage.
+    #[instrument(skip_all, fields(sandbox_id = %id))]
+    pub async fn destroy(&self, id: &str) -> Result<(Arc<Sandbox>, Usage)> {
+        let sb = self.get(id)?;
+        let held = sb.clone();
+        let _g = held.ops.lock().await;
+        if let Some(u) = sb.state().final_usage {
+            return Ok((sb, u));
+        }
+        let usage = self.usage(&sb).await;
+        self.inner.rt.teardown(&sb.id).await?;
+        let cg = self.cgroup(&sb.id);
+        let exec_dir = self.inner.cfg.run_dir.join("io").join(&sb.id);
+        let now = SystemTime::now();
+        let grace = Duration::from_secs(self.inner.cfg.workspace_grace_secs);
+        let rfc = |t: SystemTime| {
+            chrono::DateTime::<chrono::Utc>::from(t)
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        };
+        let tomb = Tombstone {
+            id: sb.id.clone(),
+            tenant_id: sb.tenant_id.clone(),
+            session_id: sb.session_id.clone(),
+            image: sb.image.clone(),
+            created_at: rfc(sb.created_at),
+            destroyed_at: rfc(now),
+            delete_after: rfc(now + grace),
+            limits: sb.limits,
+            workspace: sb.workspace.clone(),
+            usage,
+            reason: sb.state().reason,
+        };
+        let paths = self.paths(&sb.id);
+        blocking(move || -> std::io::Result<()> {
+            // runsc removes its cgroups; remove what it may leave (empty dirs only).
+            for d in cg.dirs() {
+                let _ = std::fs::remove_dir(d);
+            }
+            let _ = std::fs::remove_dir_all(&exec_dir);
+            std::fs::create_dir_all(&paths.base)?;
+            let tmp = paths.tombstone.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&tomb).unwrap_or_default())?;
+            std::fs::rename(&tmp, &paths.tombstone)
+        })
+        .await?
+        .map_err(|e| Error::Internal(format!("write tombstone: {e}")))?;
+        sb.state.send_modify(|s| {
+            s.status = Status::Destroyed;
+            s.final_usage = Some(usage);
+        });
+        {
+            let mut t = self.table();
+            let key = (sb.tenant_id.clone(), sb.session_id.clone());
+            if t.by_session.get(&key) == Some(&sb.id) {
+                t.by_session.remove(&key);
+            }
+        }
+        info!(sandbox_id = %sb.id, cpu_ms = usage.cpu_ms, "sandbox destroyed");
+        Ok((sb, usage))
+    }
+
+    /// Rebuilds the table from containerd labels and tombstones, resumes provisioning of
+    /// sandboxes caught mid-start, and re-arms deadlines and exit watches.
+    pub async fn recover(&self) -> Result<usize> {
+        let rt = &self.inner.rt;
+        let containers = rt.ctr.list_containers().await?;
+        let mut n = 0;
+        for c in containers {
+            let Some(sb) = Sandbox::from_labels(&c.id, &c.labels) else {
+                continue;
+            };
+            let sb = Arc::new(sb);
+            if sb.state().status == Status::Starting {
+                match rt.ctr.task_state(&sb.id, "").await? {
+                    TaskState::Running | TaskState::Paused => sb.set_status(Status::Ready, ""),
+                    TaskState::Stopped(code) => {
+                        self.fail(&sb, &format!("sandbox exited with status {code}"))
+                            .await
+                    }
+                    // Caught mid-provisioning: finish it.
+                    _ => {}
+                }
+            }
+            {
+                let mut t = self.table();
+                t.by_session
+                    .insert((sb.tenant_id.clone(), sb.session_id.clone()), sb.id.clone());
+                t.by_id.insert(sb.id.clone(), sb.clone());
+            }
+            match sb.state().status {
+                Status::Starting => self.spawn_provision(sb.clone()),
+                Status::Ready => self.spawn_exit_watch(sb.clone()),
+                _ => {}
+            }
+            self.spawn_deadline(sb);
+            n += 1;
+        }
+        // Tombstones of destroyed sandboxes, for Describe and idempotent Destroy until GC.
+        let dir = self.inner.cfg.state_dir.join("workspaces");
+        let tombs = blocking(move || {
+            let mut out = Vec::new();
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                for e in rd.flatten() {
+                    let p = e.path().join("tombstone.json");
+                    if let Ok(raw) = workspace::read_small(&p, 1 << 20) {
+                        if let Ok(t) = serde_json::from_slice::<Tombstone>(&raw) {
+                            out.push(t);
+                        }
+                    }
+                }
+            }
+            out
+        })
+        .await?;
+        let mut t = self.table();
+        for tomb in tombs {
+            if t.by_id.contains_key(&tomb.id) {
+                continue;
+            }
+            let created_at = chrono::DateTime::parse_from_rfc3339(&tomb.created_at)
+                .map(|d| SystemTime::from(d.with_timezone(&chrono::Utc)))
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let sb = Sandbox {
+                id: tomb.id.clone(),
+                tenant_id: tomb.tenant_id,
+                session_id: tomb.session_id,
+                image: tomb.image,
+                created_at,
+                limits: tomb.limits,
+                workspace: tomb.workspace,
+                state: watch::channel(State {
+                    status: Status::Destroyed,
+                    reason: tomb.reason,
+                    final_usage: Some(tomb.usage),
+                })
+                .0,
+                ops: tokio::sync::Mutex::new(()),
+                peak_seen: Default::default(),
+            };
+            t.by_id.insert(tomb.id, Arc::new(sb));
+        }
+        Ok(n)
+    }
+
+    /// Waits until the sandbox is READY, or fails with the right error.
+    pub async fn wait_ready(&self, sb: &Sandbox) -> Result<()> {
+        let mut rx = sb.state.subscribe();
+        let wait = async {
+            loop {
+                let st = rx.borrow_and_update().clone();
+                match st.status {
+                    Status::Ready => return Ok(()),
+                    Status::Failed | Status::Destroyed => {
+                        return Err(Error::FailedPrecondition {
+                            id: sb.id.clone(),
+                            state: if st.reason.is_empty() {
+                                st.status.word().to_string()
+                            } else {
+                                format!("{} ({})", st.status.word(), st.reason)
+                            },
+                        })
+                    }
+                    Status::Starting => {}
+                }
+                if rx.changed().await.is_err() {
+                    return Err(Error::Internal("sandbox state dropped".into()));
+                }
+            }
+        };
+        match tokio::time::timeout(self.inner.cfg.ready_wait(), wait).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::NotReady(sb.id.clone())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_paths() {
+        for ok in ["/workspace", "/home/user/work", "/w"] {
+            validate_mount_path(ok).unwrap();
+        }
+        for bad in [
+            "workspace",
+            "/",
+            "/a/../b",
+            "/a/./b",
+            "/a//b",
+            "/a/",
+            "/proc/x",
+            "/dev",
+            "",
+        ] {
+            assert!(validate_mount_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ids_must_be_uuids() {
+        assert!(parse_id("f47ac10b-58cc-4372-a567-0e02b2c3d479").is_ok());
+        assert!(parse_id("not-a-uuid").is_err());
+        assert!(parse_id("").is_err());
+    }
+
+    #[test]
+    fn labels_round_trip() {
+        let sb = Sandbox {
+            id: "f47ac10b-58cc-4372-a567-0e02b2c3d479".into(),
+            tenant_id: "t".into(),
+            session_id: "s".into(),
+            image: "img".into(),
+            created_at: SystemTime::now(),
+            limits: Limits {
+                cpu_millis: 250,
+                memory_bytes: 1 << 28,
+                max_runtime: Duration::from_secs(60),
+            },
+            workspace: WorkspaceSpec {
+                storage_class: "standard".into(),
+                size: "1Gi".into(),
+                mount_path: "/w".into(),
+            },
+            state: watch::channel(State {
+                status: Status::Starting,
+                reason: String::new(),
+                final_usage: None,
+            })
+            .0,
+            ops: tokio::sync::Mutex::new(()),
+            peak_seen: Default::default(),
+        };
+        let mut l = sb.labels();
+        let back = Sandbox::from_labels(&sb.id, &l).unwrap();
+        assert_eq!(back.limits, sb.limits);
+        assert_eq!(back.workspace, sb.workspace);
+        assert_eq!(back.created_at, sb.created_at);
+        assert_eq!(back.state().status, Status::Starting);
+        l.insert(label("status"), "failed".into());
+        l.insert(label("reason"), "boom".into());
+        let back = Sandbox::from_labels(&sb.id, &l).unwrap();
+        assert_eq!(back.state().status, Status::Failed);
+        assert_eq!(back.state().reason, "boom");
+        assert!(Sandbox::from_labels("x", &HashMap::new()).is_none());
+    }
+}

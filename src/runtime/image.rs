@@ -1,0 +1,501 @@
+//! Images: import of OCI image-layout tarballs, unpacking through containerd's snapshot and diff
+//! services, aliases, and resolving an image name to the snapshot a sandbox starts from.
+//!
+//! containerd 1.6 has no server-side import, so the client does what `ctr import` does: write
+//! the blobs (Content.Write) with the garbage-collection labels that tie manifest → config →
+//! layers → snapshot together, create the image record, and unpack each layer
+//! (Snapshots.Prepare → Diff.Apply → Snapshots.Commit under the layer's chain id), all inside a
+//! lease so nothing is collected half-way.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+
+use containerd_client::types::Descriptor;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::containerd::{self, Containerd, SNAPSHOTTER};
+
+const MT_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MT_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// Errors of image handling.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The image is not known to containerd.
+    #[error("image {0} not found")]
+    NotFound(String),
+    /// The tarball or a blob in it is malformed.
+    #[error("invalid image {what}: {why}")]
+    Invalid {
+        /// Which image or file.
+        what: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Reading the tarball failed.
+    #[error("read {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A containerd call failed.
+    #[error(transparent)]
+    Containerd(#[from] containerd::Error),
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+fn invalid(what: &str, why: impl std::fmt::Display) -> Error {
+    Error::Invalid {
+        what: what.to_string(),
+        why: why.to_string(),
+    }
+}
+
+#[derive(Debug, Deserialize, Clone)]
+struct OciDescriptor {
+    #[serde(rename = "mediaType", default)]
+    media_type: String,
+    digest: String,
+    size: i64,
+    #[serde(default)]
+    annotations: HashMap<String, String>,
+    #[serde(default)]
+    platform: Option<Platform>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+struct Platform {
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    os: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Index {
+    manifests: Vec<OciDescriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Manifest {
+    config: OciDescriptor,
+    layers: Vec<OciDescriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImageConfig {
+    #[serde(default)]
+    config: Option<ContainerConfig>,
+    rootfs: RootFs,
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+struct ContainerConfig {
+    #[serde(rename = "Env", default)]
+    env: Option<Vec<String>>,
+    #[serde(rename = "WorkingDir", default)]
+    working_dir: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RootFs {
+    diff_ids: Vec<String>,
+}
+
+/// What a sandbox needs to know of its image.
+#[derive(Debug, Clone)]
+pub struct ResolvedImage {
+    /// The name the image was resolved by.
+    pub name: String,
+    /// The chain id of the top layer: the parent snapshot of the sandbox's rootfs.
+    pub chain_id: String,
+    /// The image's default environment.
+    pub env: Vec<String>,
+}
+
+/// An image as listed to operators.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImageInfo {
+    /// The image name.
+    pub name: String,
+    /// The digest of its target (manifest or index).
+    pub digest: String,
+    /// The size of the target blob.
+    pub size: i64,
+}
+
+fn to_descriptor(d: &OciDescriptor) -> Descriptor {
+    Descriptor {
+        media_type: d.media_type.clone(),
+        digest: d.digest.clone(),
+        size: d.size,
+        annotations: d.annotations.clone(),
+    }
+}
+
+fn sha256_digest(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+/// The chain ids of a stack of layers given their diff ids (OCI image spec).
+pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
+    for d in diff_ids {
+        let next = match out.last() {
+            None => d.clone(),
+            Some(prev) => sha256_digest(format!("{prev} {d}").as_bytes()),
+        };
+        out.push(next);
+    }
+    out
+}
+
+fn is_index(media_type: &str) -> bool {
+    media_type == MT_OCI_INDEX || media_type == MT_DOCKER_LIST
+}
+
+fn pick_platform(manifests: &[OciDescriptor], what: &str) -> Result<OciDescriptor> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    manifests
+        .iter()
+        .find(|m| {
+            m.platform
+                .as_ref()
+                .is_none_or(|p| p.os == "linux" && p.architecture == arch)
+        })
+        .cloned()
+        .ok_or_else(|| invalid(what, format!("no manifest for linux/{arch}")))
+}
+
+/// Imports an OCI image-layout tarball. Returns the names it was imported under: `name` if
+/// given, else the names the index annotates (`io.containerd.image.name`, then
+/// `org.opencontainers.image.ref.name`).
+pub async fn import_tar(ctr: &Containerd, path: &Path, name: Option<&str>) -> Result<Vec<String>> {
+    let p = path.to_path_buf();
+    let blobs = tokio::task::spawn_blocking(move || read_layout(&p))
+        .await
+        .map_err(|e| invalid("tarball", e))??;
+    let what = path.display().to_string();
+    let index_raw = blobs
+        .get("index.json")
+        .ok_or_else(|| invalid(&what, "no index.json (not an OCI image layout)"))?;
+    let index: Index = serde_json::from_slice(index_raw).map_err(|e| invalid(&what, e))?;
+    let top = index
+        .manifests
+        .first()
+        .ok_or_else(|| invalid(&what, "index.json lists no manifest"))?
+        .clone();
+    let mut names: Vec<String> = match name {
+        Some(n) => vec![n.to_string()],
+        None => index
+            .manifests
+            .iter()
+            .filter_map(|m| {
+                m.annotations
+                    .get("io.containerd.image.name")
+                    .or_else(|| m.annotations.get("org.opencontainers.image.ref.name"))
+                    .cloned()
+            })
+            .collect(),
+    };
+    names.dedup();
+    if names.is_empty() {
+        return Err(invalid(&what, "no image name given and none annotated"));
+    }
+    let get = |digest: &str| -> Result<Vec<u8>> {
+        let key = format!("blobs/{}", digest.replacen(':', "/", 1));
+        blobs
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| invalid(&what, format!("missing blob {digest}")))
+    };
+    let source = BlobSource::Memory(&get);
+    let lease = format!("compute-import-{}", uuid::Uuid::new_v4());
+    ctr.create_lease(&lease).await?;
+    let result = store_and_unpack(ctr, &source, &top, &names, &lease).await;
+    let _ = ctr.delete_lease(&lease).await;
+    result?;
+    Ok(names)
+}
+
+enum BlobSource<'a> {
+    Memory(&'a dyn Fn(&str) -> Result<Vec<u8>>),
+}
+
+impl BlobSource<'_> {
+    fn get(&self, digest: &str) -> Result<Vec<u8>> {
+        match self {
+            BlobSource::Memory(f) => {
+                let data = f(digest)?;
+                let actual = sha256_digest(&data);
+                if actual != digest {
+                    return Err(invalid(digest, format!("content digest is {actual}")));
+                }
+                Ok(data)
+            }
+        }
+    }
+}
+
+async fn store_and_unpack(
+    ctr: &Containerd,
+    source: &BlobSource<'_>,
+    top: &OciDescriptor,
+    names: &[String],
+    lease: &str,
+) -> Result<()> {
+    // Resolve an index to this platform's manifest, keeping the index as the image target.
+    let (manifest_desc, index_blob) = if is_index(&top.media_type) {
+        let raw = source.get(&top.digest)?;
+        let idx: Index = serde_json::from_slice(&raw).map_err(|e| invalid(&top.digest, e))?;
+        (
+            pick_platform(&idx.manifests, &top.digest)?,
+            Some((raw, idx)),
+        )
+    } else {
+        (top.clone(), None)
+    };
+    let manifest_raw = source.get(&manifest_desc.digest)?;
+    let manifest: Manifest =
+        serde_json::from_slice(&manifest_raw).map_err(|e| invalid(&manifest_desc.digest, e))?;
+    let config_raw = source.get(&manifest.config.digest)?;
+    let config: ImageConfig =
+        serde_json::from_slice(&config_raw).map_err(|e| invalid(&manifest.config.digest, e))?;
+    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+        return Err(invalid(
+            &manifest_desc.digest,
+            "layer count differs from the config's diff_ids",
+        ));
+    }
+    let chains = chain_ids(&config.rootfs.diff_ids);
+
+    for layer in &manifest.layers {
+        let data = source.get(&layer.digest)?;
+        ctr.write_content(&layer.digest, data, HashMap::new(), lease)
+            .await?;
+    }
+    let mut cfg_labels = HashMap::new();
+    if let Some(top_chain) = chains.last() {
+        cfg_labels.insert(
+            format!("containerd.io/gc.ref.snapshot.{SNAPSHOTTER}"),
+            top_chain.clone(),
+        );
+    }
+    ctr.write_content(&manifest.config.digest, config_raw, cfg_labels, lease)
+        .await?;
+    let mut m_labels = HashMap::from([(
+        "containerd.io/gc.ref.content.config".to_string(),
+        manifest.config.digest.clone(),
+    )]);
+    for (i, l) in manifest.layers.iter().enumerate() {
+        m_labels.insert(
+            format!("containerd.io/gc.ref.content.l.{i}"),
+            l.digest.clone(),
+        );
+    }
+    ctr.write_content(&manifest_desc.digest, manifest_raw, m_labels, lease)
+        .await?;
+    if let Some((raw, idx)) = index_blob {
+        let labels = idx
+            .manifests
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.digest == manifest_desc.digest)
+            .map(|(i, m)| {
+                (
+                    format!("containerd.io/gc.ref.content.m.{i}"),
+                    m.digest.clone(),
+                )
+            })
+            .collect();
+        ctr.write_content(&top.digest, raw, labels, lease).await?;
+    }
+
+    unpack(
+        ctr,
+        &manifest.layers,
+        &config.rootfs.diff_ids,
+        &chains,
+        lease,
+    )
+    .await?;
+
+    let mut target = to_descriptor(top);
+    target.annotations.clear();
+    for n in names {
+        ctr.put_image(n, target.clone(), Some(lease)).await?;
+    }
+    Ok(())
+}
+
+async fn unpack(
+    ctr: &Containerd,
+    layers: &[OciDescriptor],
+    diff_ids: &[String],
+    chains: &[String],
+    lease: &str,
+) -> Result<()> {
+    for (i, layer) in layers.iter().enumerate() {
+        let chain = &chains[i];
+        if ctr.snapshot_exists(chain).await? {
+            continue;
+        }
+        let parent = if i == 0 { "" } else { &chains[i - 1] };
+        let key = format!("compute-extract-{} {chain}", uuid::Uuid::new_v4());
+        let mounts = ctr.prepare_snapshot(&key, parent, Some(lease)).await?;
+        let applied = match ctr.apply_diff(to_descriptor(layer), mounts, lease).await {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = ctr.remove_snapshot(&key).await;
+                return Err(e.into());
+            }
+        };
+        if applied.digest != diff_ids[i] {
+            let _ = ctr.remove_snapshot(&key).await;
+            return Err(invalid(
+                &layer.digest,
+                format!(
+                    "unpacked to {} but the config says {}",
+                    applied.digest, diff_ids[i]
+                ),
+            ));
+        }
+        match ctr.commit_snapshot(chain, &key, lease).await {
+            Ok(()) => {}
+            Err(e) if e.is_already_exists() => {
+                let _ = ctr.remove_snapshot(&key).await;
+            }
+            Err(e) => {
+                let _ = ctr.remove_snapshot(&key).await;
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads every regular file of an image-layout tarball (plain or gzip-compressed) into memory.
+fn read_layout(path: &Path) -> Result<HashMap<String, Vec<u8>>> {
+    let io = |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut magic = [0u8; 2];
+    let n = f.read(&mut magic).map_err(io)?;
+    let f = std::fs::File::open(path).map_err(io)?;
+    let reader: Box<dyn Read> = if n == 2 && magic == [0x1f, 0x8b] {
+        Box::new(flate2::read::GzDecoder::new(f))
+    } else {
+        Box::new(f)
+    };
+    let mut archive = tar::Archive::new(reader);
+    let mut out = HashMap::new();
+    for entry in archive.entries().map_err(io)? {
+        let mut entry = entry.map_err(io)?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = entry
+            .path()
+            .map_err(io)?
+            .to_string_lossy()
+            .trim_start_matches("./")
+            .to_string();
+        let mut data = Vec::with_capacity(entry.size() as usize);
+        entry.read_to_end(&mut data).map_err(io)?;
+        out.insert(name, data);
+    }
+    Ok(out)
+}
+
+/// Resolves an image name to the snapshot its sandboxes start from.
+pub async fn resolve(ctr: &Containerd, name: &str) -> Result<ResolvedImage> {
+    let image = match ctr.get_image(name).await {
+        Ok(i) => i,
+        Err(e) if e.is_not_found() => return Err(Error::NotFound(name.to_string())),
+        Err(e) => return Err(e.into()),
+    };
+    let target = image
+        .target
+        .ok_or_else(|| invalid(name, "image record has no target"))?;
+    let mut manifest_digest = target.digest.clone();
+    if is_index(&target.media_type) {
+        let raw = ctr.read_content(&target.digest).await?;
+        let idx: Index = serde_json::from_slice(&raw).map_err(|e| invalid(name, e))?;
+        manifest_digest = pick_platform(&idx.manifests, name)?.digest;
+    }
+    let manifest: Manifest = serde_json::from_slice(&ctr.read_content(&manifest_digest).await?)
+        .map_err(|e| invalid(name, e))?;
+    let config: ImageConfig =
+        serde_json::from_slice(&ctr.read_content(&manifest.config.digest).await?)
+            .map_err(|e| invalid(name, e))?;
+    let chain_id = chain_ids(&config.rootfs.diff_ids)
+        .pop()
+        .ok_or_else(|| invalid(name, "image has no layers"))?;
+    if !ctr.snapshot_exists(&chain_id).await? {
+        return Err(invalid(name, "image is not unpacked; import it again"));
+    }
+    let cc = config.config.unwrap_or_default();
+    let _ = cc.working_dir;
+    Ok(ResolvedImage {
+        name: name.to_string(),
+        chain_id,
+        env: cc.env.unwrap_or_default(),
+    })
+}
+
+/// Gives an existing image another name.
+pub async fn alias(ctr: &Containerd, existing: &str, alias: &str) -> Result<()> {
+    let image = match ctr.get_image(existing).await {
+        Ok(i) => i,
+        Err(e) if e.is_not_found() => return Err(Error::NotFound(existing.to_string())),
+        Err(e) => return Err(e.into()),
+    };
+    let target = image
+        .target
+        .ok_or_else(|| invalid(existing, "image record has no target"))?;
+    ctr.put_image(alias, target, None).await?;
+    Ok(())
+}
+
+/// Lists the images of the namespace.
+pub async fn list(ctr: &Containerd) -> Result<Vec<ImageInfo>> {
+    Ok(ctr
+        .list_images()
+        .await?
+        .into_iter()
+        .map(|i| {
+            let t = i.target.unwrap_or_default();
+            ImageInfo {
+                name: i.name,
+                digest: t.digest,
+                size: t.size,
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_ids_follow_the_oci_rule() {
+        let a = "sha256:aaaa".to_string();
+        let b = "sha256:bbbb".to_string();
+        let ids = chain_ids(&[a.clone(), b.clone()]);
+        assert_eq!(ids[0], a);
+        assert_eq!(ids[1], sha256_digest(format!("{a} {b}").as_bytes()));
+        assert!(chain_ids(&[]).is_empty());
+    }
+}

@@ -1,0 +1,184 @@
+//! OCI runtime spec documents for sandboxes and exec processes, and the runsc wrapper script.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+/// Default PATH inside sandboxes when the image sets none.
+pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The capabilities a sandbox's processes get (Docker's default set; gVisor implements them
+/// inside its own kernel, none reaches the host).
+const CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// The resources and mounts of one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec<'a> {
+    /// Hostname inside the sandbox.
+    pub hostname: String,
+    /// The init process's argv.
+    pub init_args: Vec<String>,
+    /// The image's environment.
+    pub env: Vec<String>,
+    /// Host directory of the workspace.
+    pub workspace_dir: &'a Path,
+    /// Where the workspace is mounted inside.
+    pub mount_path: &'a str,
+    /// Read-only host directory mounted at `/.compute` (helpers such as a static init).
+    pub helpers_dir: Option<&'a Path>,
+    /// The OCI cgroupsPath.
+    pub cgroups_path: String,
+    /// CFS quota in microseconds per 100 ms period.
+    pub cpu_quota: i64,
+    /// Host memory limit (memory_bytes plus headroom for the sentry).
+    pub memory_limit: i64,
+    /// pids limit.
+    pub pids_limit: i64,
+}
+
+fn caps() -> Value {
+    json!({
+        "bounding": CAPS, "effective": CAPS, "permitted": CAPS,
+    })
+}
+
+/// The OCI spec JSON of a sandbox container.
+pub fn sandbox_spec(s: &SandboxSpec<'_>) -> Vec<u8> {
+    let mut env = s.env.clone();
+    if !env.iter().any(|e| e.starts_with("PATH=")) {
+        env.push(DEFAULT_PATH.into());
+    }
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+               "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "nodev", "mode=1777"]}),
+        json!({"destination": s.mount_path, "type": "bind",
+               "source": s.workspace_dir.display().to_string(), "options": ["rbind", "rw"]}),
+    ];
+    if let Some(h) = s.helpers_dir {
+        mounts.push(json!({"destination": "/.compute", "type": "bind",
+            "source": h.display().to_string(), "options": ["rbind", "ro"]}));
+    }
+    let spec = json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": s.init_args,
+            "env": env,
+            "cwd": "/",
+            "capabilities": caps(),
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576u64, "soft": 1048576u64}],
+            "noNewPrivileges": true
+        },
+        "root": {"path": "rootfs", "readonly": false},
+        "hostname": s.hostname,
+        "mounts": mounts,
+        "linux": {
+            "cgroupsPath": s.cgroups_path,
+            "resources": {
+                "memory": {"limit": s.memory_limit},
+                "cpu": {"quota": s.cpu_quota, "period": 100000u64},
+                "pids": {"limit": s.pids_limit}
+            },
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                {"type": "network"}
+            ],
+            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list"],
+            "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger"]
+        }
+    });
+    serde_json::to_vec(&spec).unwrap_or_default()
+}
+
+/// The OCI Process JSON of one exec.
+pub fn exec_process(args: &[String], env: &[String], cwd: &str) -> Vec<u8> {
+    let p = json!({
+        "terminal": false,
+        "user": {"uid": 0, "gid": 0},
+        "args": args,
+        "env": env,
+        "cwd": cwd,
+        "capabilities": caps(),
+        "noNewPrivileges": true
+    });
+    serde_json::to_vec(&p).unwrap_or_default()
+}
+
+/// The runsc wrapper the runc v2 shim runs as its `binary_name`: every call goes to runsc with
+/// our global flags first.
+pub fn wrapper_script(runsc: &Path, flags: &[String]) -> String {
+    let quoted: Vec<String> = flags
+        .iter()
+        .map(|f| format!("'{}'", f.replace('\'', "'\\''")))
+        .collect();
+    format!(
+        "#!/bin/sh\n# Written by computed: runsc for containerd's runc v2 shim.\nexec '{}' {} \"$@\"\n",
+        runsc.display().to_string().replace('\'', "'\\''"),
+        quoted.join(" ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_carries_limits_and_mounts() {
+        let ws = Path::new("/var/lib/compute/workspaces/x/data");
+        let s = SandboxSpec {
+            hostname: "sandbox-1234".into(),
+            init_args: vec!["/bin/sh".into()],
+            env: vec![],
+            workspace_dir: ws,
+            mount_path: "/workspace",
+            helpers_dir: None,
+            cgroups_path: "/compute/x".into(),
+            cpu_quota: 25000,
+            memory_limit: 1 << 30,
+            pids_limit: 100,
+        };
+        let v: Value = serde_json::from_slice(&sandbox_spec(&s)).unwrap();
+        assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 25000);
+        assert_eq!(v["linux"]["resources"]["pids"]["limit"], 100);
+        assert_eq!(v["hostname"], "sandbox-1234");
+        assert!(v["process"]["env"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("PATH="));
+        let mounts = v["mounts"].as_array().unwrap();
+        assert!(mounts
+            .iter()
+            .any(|m| m["destination"] == "/workspace" && m["source"] == ws.display().to_string()));
+    }
+
+    #[test]
+    fn wrapper_quotes_flags() {
+        let w = wrapper_script(Path::new("/usr/bin/runsc"), &["--network=none".into()]);
+        assert!(w.contains("exec '/usr/bin/runsc' '--network=none' \"$@\""));
+    }
+}

@@ -1,0 +1,155 @@
+//! Serving: ComputeService on TCP and on a unix socket, plus gRPC health and reflection.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+use tracing::{info, warn};
+
+use crate::api::compute::v1::compute_service_server::ComputeServiceServer;
+use crate::api::FILE_DESCRIPTOR_SET;
+use crate::node::service::Service;
+use crate::node::Node;
+
+/// Errors of serving.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A listener could not be bound.
+    #[error("bind {addr}: {source}")]
+    Bind {
+        /// The address or path.
+        addr: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Reflection could not be built.
+    #[error("reflection: {0}")]
+    Reflection(String),
+    /// The server failed.
+    #[error("serve: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Largest gRPC message accepted or sent: a 16 MiB WriteFile plus framing.
+pub const MAX_MESSAGE: usize = 17 << 20;
+
+/// Serves the node until `shutdown` resolves.
+pub async fn serve(
+    node: Node,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let cfg = node.config().clone();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    // Health follows containerd: SERVING while it answers.
+    {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let ok = node.runtime().ctr.version().await.is_ok();
+                if last != Some(ok) {
+                    if ok {
+                        reporter
+                            .set_serving::<ComputeServiceServer<Service>>()
+                            .await;
+                        reporter
+                            .set_service_status("", tonic_health::ServingStatus::Serving)
+                            .await;
+                    } else {
+                        warn!("containerd is not answering: health NOT_SERVING");
+                        reporter
+                            .set_not_serving::<ComputeServiceServer<Service>>()
+                            .await;
+                        reporter
+                            .set_service_status("", tonic_health::ServingStatus::NotServing)
+                            .await;
+                    }
+                    last = Some(ok);
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        });
+    }
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
+    let svc = ComputeServiceServer::new(Service::new(node))
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+
+    let router = Server::builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(svc);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+
+    let mut tasks = Vec::new();
+    if !cfg.listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&cfg.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: cfg.listen.clone(),
+                source,
+            })?;
+        info!(addr = %cfg.listen, "serving ComputeService on TCP");
+        let r = router.clone();
+        let rx = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            r.serve_with_incoming_shutdown(TcpListenerStream::new(l), stopped(rx))
+                .await
+        }));
+    }
+    if !cfg.socket.as_os_str().is_empty() {
+        let l = bind_unix(&cfg.socket)?;
+        info!(path = %cfg.socket.display(), "serving ComputeService on unix socket");
+        let r = router.clone();
+        let rx = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            r.serve_with_incoming_shutdown(UnixListenerStream::new(l), stopped(rx))
+                .await
+        }));
+    }
+    for t in tasks {
+        match t.await {
+            Ok(r) => r?,
+            Err(e) => warn!(error = %e, "server task failed"),
+        }
+    }
+    Ok(())
+}
+
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| Error::Bind {
+        addr: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    Ok(l)
+}
