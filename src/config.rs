@@ -98,6 +98,9 @@ pub struct Config {
     pub cgroup_root: PathBuf,
     /// Parent cgroup of every sandbox.
     pub cgroup_parent: String,
+    /// A static busybox copied into `<state_dir>/helpers` and mounted read-only at `/.compute`
+    /// in every sandbox, where it runs as the sandbox's init; empty to use the image's `/bin/sh`.
+    pub init_helper: PathBuf,
     /// Log as JSON lines.
     pub log_json: bool,
 }
@@ -131,6 +134,7 @@ impl Default for Config {
             workspace_grace_secs: 24 * 3600,
             cgroup_root: "/sys/fs/cgroup".into(),
             cgroup_parent: "compute".into(),
+            init_helper: "/bin/busybox".into(),
             log_json: false,
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{info, instrument, warn};
 
 use super::{blocking, Error, Node, Sandbox};
@@ -66,34 +66,104 @@ enum Ending {
     Oom,
 }
 
-async fn pump(mut rx: tokio::net::unix::pipe::Receiver, tx: mpsc::Sender<ExecEvent>, stderr: bool) {
+/// The first line the launcher writes to stderr: `\x1ecompute-pid:<pid>\n`.
+const PID_MARK: &[u8] = b"\x1ecompute-pid:";
+
+/// The launcher every exec runs through when the init helper is mounted: it reports the
+/// process's pid inside the sandbox (so signals can reach it; a signal to the host-side
+/// `runsc exec` waiter does not) and then becomes the command.
+const LAUNCH: &str = "printf '\\036compute-pid:%s\\n' \"$$\" >&2; exec \"$0\" \"$@\"";
+
+async fn pump(
+    mut rx: tokio::net::unix::pipe::Receiver,
+    tx: mpsc::Sender<ExecEvent>,
+    stderr: bool,
+    mut pid_tx: Option<oneshot::Sender<u32>>,
+) {
     let mut buf = vec![0u8; 32 * 1024];
+    let mut head: Vec<u8> = Vec::new();
     loop {
-        match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                let data = buf[..n].to_vec();
-                let ev = if stderr {
-                    ExecEvent::Stderr(data, SystemTime::now())
-                } else {
-                    ExecEvent::Stdout(data, SystemTime::now())
-                };
-                if tx.send(ev).await.is_err() {
-                    // The client went away; keep draining so the process never blocks on a
-                    // full pipe while it is being stopped.
-                    while let Ok(n) = rx.read(&mut buf).await {
-                        if n == 0 {
-                            return;
-                        }
+        let n = match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => 0,
+            Ok(n) => n,
+        };
+        let mut data = buf[..n].to_vec();
+        if let Some(ptx) = pid_tx.take() {
+            // Strip the launcher's pid line from the front of stderr.
+            head.extend_from_slice(&data);
+            let newline = head.iter().position(|b| *b == b'\n');
+            let undecided = newline.is_none()
+                && head.len() < 64
+                && PID_MARK.starts_with(&head[..head.len().min(PID_MARK.len())])
+                && n > 0;
+            if undecided {
+                pid_tx = Some(ptx);
+                continue;
+            }
+            data = std::mem::take(&mut head);
+            if let Some(nl) = newline {
+                if data.starts_with(PID_MARK) {
+                    let pid = std::str::from_utf8(&data[PID_MARK.len()..nl])
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok());
+                    if let Some(pid) = pid {
+                        let _ = ptx.send(pid);
                     }
+                    data.drain(..=nl);
+                }
+            }
+        }
+        if data.is_empty() {
+            if n == 0 {
+                return;
+            }
+            continue;
+        }
+        let ev = if stderr {
+            ExecEvent::Stderr(data, SystemTime::now())
+        } else {
+            ExecEvent::Stdout(data, SystemTime::now())
+        };
+        if tx.send(ev).await.is_err() {
+            // The client went away; keep draining so the process never blocks on a
+            // full pipe while it is being stopped.
+            while let Ok(n) = rx.read(&mut buf).await {
+                if n == 0 {
                     return;
                 }
             }
+            return;
+        }
+        if n == 0 {
+            return;
         }
     }
 }
 
 impl Node {
+    /// Sends `sig` to an exec's process (and its process group) inside the sandbox, by running
+    /// `kill` in the sandbox; without a known pid, signals the host-side exec process instead.
+    async fn signal_exec(&self, sb: &Sandbox, exec_id: &str, pid: Option<u32>, sig: u32) {
+        let ctr = &self.runtime().ctr;
+        let Some(pid) = pid else {
+            let _ = ctr.kill(&sb.id, exec_id, sig, false).await;
+            return;
+        };
+        let kill_id = format!("kill-{}", uuid::Uuid::new_v4().simple());
+        let script = format!("kill -{sig} -{pid} 2>/dev/null; kill -{sig} {pid}");
+        let args: Vec<String> = vec!["/.compute/busybox".into(), "sh".into(), "-c".into(), script];
+        let process = spec::exec_process(&args, &[spec::DEFAULT_PATH.to_string()], "/");
+        let res = async {
+            ctr.exec(&sb.id, &kill_id, process, "", "").await?;
+            ctr.start(&sb.id, &kill_id).await?;
+            ctr.wait(&sb.id, &kill_id).await
+        };
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(10), res).await {
+            warn!(exec_id, error = %e, "signal exec timed out");
+        }
+        let _ = ctr.delete_process(&sb.id, &kill_id).await;
+    }
+
     /// Checks an exec request and returns the sandbox once it is READY.
     pub async fn exec_prepare(&self, id: &str, req: &ExecRequest) -> Result<Arc<Sandbox>> {
         let sb = self.get(id)?;
@@ -169,7 +239,18 @@ impl Node {
         } else {
             req.working_dir.clone()
         };
-        let mut args = vec![req.command.clone()];
+        let launcher = self.has_helpers();
+        let mut args = if launcher {
+            vec![
+                "/.compute/busybox".into(),
+                "sh".into(),
+                "-c".into(),
+                LAUNCH.into(),
+            ]
+        } else {
+            vec![]
+        };
+        args.push(req.command.clone());
         args.extend(req.args.iter().cloned());
         let process = spec::exec_process(&args, &env, &cwd);
         let timeout = req
@@ -203,8 +284,9 @@ impl Node {
         let (Some(out), Some(err)) = (io.stdout.take(), io.stderr.take()) else {
             return Err(Error::Internal("exec stdio missing".into()));
         };
-        let p_out = tokio::spawn(pump(out, tx.clone(), false));
-        let p_err = tokio::spawn(pump(err, tx.clone(), true));
+        let (pid_tx, mut pid_rx) = oneshot::channel();
+        let p_out = tokio::spawn(pump(out, tx.clone(), false, None));
+        let p_err = tokio::spawn(pump(err, tx.clone(), true, launcher.then_some(pid_tx)));
 
         let ctr2 = ctr.clone();
         let (id2, ex2) = (sb.id.clone(), exec_id.clone());
@@ -247,21 +329,30 @@ impl Node {
         };
 
         let grace = Duration::from_secs(cfg.cancel_grace_secs);
+        let inner_pid = match ending {
+            Ending::Exited(_) => None,
+            // The launcher reports the pid first thing; give it a moment if it is late.
+            _ => tokio::time::timeout(Duration::from_secs(2), &mut pid_rx)
+                .await
+                .ok()
+                .and_then(|r| r.ok()),
+        };
+        let signal = |sig: u32| self.signal_exec(sb, &exec_id, inner_pid, sig);
         let (exit_code, cancelled, timed_out, oom_killed) = match ending {
             Ending::Exited(code) => (code as i32, false, false, false),
             Ending::Cancelled => {
                 info!(exec_id = %exec_id, "exec cancelled by client: SIGTERM");
-                let _ = ctr.kill(&sb.id, &exec_id, 15, false).await;
+                signal(15).await;
                 if tokio::time::timeout(grace, &mut wait).await.is_err() {
                     info!(exec_id = %exec_id, "exec still running after grace: SIGKILL");
-                    let _ = ctr.kill(&sb.id, &exec_id, 9, false).await;
+                    signal(9).await;
                     let _ = tokio::time::timeout(Duration::from_secs(10), &mut wait).await;
                 }
                 (-1, true, false, false)
             }
             Ending::TimedOut => {
                 info!(exec_id = %exec_id, "exec timed out: SIGKILL");
-                let _ = ctr.kill(&sb.id, &exec_id, 9, false).await;
+                signal(9).await;
                 let code = match tokio::time::timeout(Duration::from_secs(10), &mut wait).await {
                     Ok(Ok(Ok(c))) => c as i32,
                     _ => 137,
@@ -270,8 +361,20 @@ impl Node {
             }
             Ending::Oom => {
                 warn!(exec_id = %exec_id, limit, "exec over memory_bytes: SIGKILL");
-                let _ = ctr.kill(&sb.id, &exec_id, 9, false).await;
+                signal(9).await;
                 let _ = tokio::time::timeout(Duration::from_secs(10), &mut wait).await;
+                // gVisor returns the killed process's memory to the host shortly after; wait
+                // for that so the next exec does not start over the limit.
+                let settle = Instant::now();
+                while settle.elapsed() < Duration::from_secs(5) {
+                    let c = cg.clone();
+                    match blocking(move || c.working_set()).await {
+                        Ok(Ok(ws)) if ws > limit => {
+                            tokio::time::sleep(Duration::from_millis(50)).await
+                        }
+                        _ => break,
+                    }
+                }
                 (137, false, false, true)
             }
         };

@@ -278,6 +278,28 @@ pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static)
     }
 }
 
+/// Copies the init helper into `<state_dir>/helpers` (when configured and present) and returns
+/// that directory.
+fn install_helpers(cfg: &Config) -> Option<PathBuf> {
+    if cfg.init_helper.as_os_str().is_empty() || !cfg.init_helper.is_file() {
+        return None;
+    }
+    let dir = cfg.state_dir.join("helpers");
+    let dst = dir.join("busybox");
+    let same = std::fs::read(&dst).ok() == std::fs::read(&cfg.init_helper).ok();
+    if !same {
+        let tmp = dir.join("busybox.tmp");
+        let res = std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::copy(&cfg.init_helper, &tmp))
+            .and_then(|_| std::fs::rename(&tmp, &dst));
+        if let Err(e) = res {
+            warn!(error = %e, "could not install the init helper; using the image's /bin/sh");
+            return None;
+        }
+    }
+    Some(dir)
+}
+
 /// Validates a mount path: absolute and clean.
 pub fn validate_mount_path(p: &str) -> Result<()> {
     let bad = |why: &str| Err(Error::InvalidArgument(format!("mount_path {p:?} {why}")));
@@ -312,12 +334,7 @@ impl Node {
     /// Builds the node over a runtime. Call [`Node::recover`] before serving.
     pub fn new(cfg: Config, rt: Runtime) -> Self {
         let cgroup_version = CgroupVersion::detect(&cfg.cgroup_root);
-        let helpers = cfg.state_dir.join("helpers");
-        let helpers_dir = if helpers.join("busybox").is_file() {
-            Some(helpers)
-        } else {
-            None
-        };
+        let helpers_dir = install_helpers(&cfg);
         Self {
             inner: Arc::new(Inner {
                 cfg,
@@ -337,6 +354,11 @@ impl Node {
     /// The runtime.
     pub fn runtime(&self) -> &Runtime {
         &self.inner.rt
+    }
+
+    /// Whether the init helper (a static busybox at `/.compute/busybox`) is mounted in sandboxes.
+    pub fn has_helpers(&self) -> bool {
+        self.inner.helpers_dir.is_some()
     }
 
     /// The cgroup version of the host.

@@ -1,0 +1,415 @@
+//! Test harness: starts a real `computed node` against the real containerd + runsc, each in its
+//! own containerd namespace, state directory and ports, and gives a gRPC client to it.
+//!
+//! Prerequisites (root, containerd's socket, runsc, the default image tarball) are checked
+//! first: under CI (`CI` set) a missing one fails the test; elsewhere the test is skipped with
+//! a printed reason.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use computed::api::compute::v1 as pb;
+use pb::compute_service_client::ComputeServiceClient;
+use tonic::transport::Channel;
+
+pub use pb::SandboxStatus;
+
+/// containerd's socket for tests.
+pub fn containerd_socket() -> PathBuf {
+    std::env::var_os("CONTAINERD_ADDRESS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/run/compute/containerd.sock".into())
+}
+
+/// The default image tarball built by `scripts/build-image`.
+pub fn image_tar() -> PathBuf {
+    std::env::var_os("COMPUTE_TEST_IMAGE_TAR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/images/sandbox-python.tar")
+        })
+}
+
+/// The image name the harness imports.
+pub const IMAGE: &str = "compute.local/sandbox-python:latest";
+
+/// Checks the prerequisites; returns false (after printing why) when the test should skip.
+pub fn prerequisites() -> bool {
+    let mut missing = Vec::new();
+    if !nix::unistd::Uid::effective().is_root() {
+        missing.push("root".to_string());
+    }
+    if !containerd_socket().exists() {
+        missing.push(format!(
+            "containerd socket {} (run scripts/containerd-up)",
+            containerd_socket().display()
+        ));
+    }
+    if which("runsc").is_none() {
+        missing.push("runsc on PATH".into());
+    }
+    if !image_tar().exists() {
+        missing.push(format!(
+            "image tarball {} (run scripts/build-image)",
+            image_tar().display()
+        ));
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!("missing prerequisites: {}", missing.join(", "));
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    false
+}
+
+/// Finds a program on PATH.
+pub fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(bin))
+            .find(|p| p.is_file())
+    })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running node daemon.
+pub struct Daemon {
+    child: Option<Child>,
+    /// Scratch directory (state, run dir, config, log).
+    pub dir: tempfile::TempDir,
+    /// TCP address.
+    pub addr: String,
+    /// Unix socket.
+    pub socket: PathBuf,
+    /// containerd namespace.
+    pub namespace: String,
+    /// Config file.
+    pub config: PathBuf,
+    /// Log file.
+    pub log: PathBuf,
+}
+
+/// Extra config lines for a daemon.
+pub fn start(name: &str, extra_config: &str) -> Daemon {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("computed-{name}-"))
+        .tempdir()
+        .unwrap();
+    let namespace = format!("test-{name}-{}", std::process::id());
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let socket = dir.path().join("compute.sock");
+    let config = dir.path().join("config.toml");
+    let toml = format!(
+        "listen = {addr:?}\nsocket = {socket:?}\ncontainerd_socket = {ctr:?}\nnamespace = {namespace:?}\n\
+         state_dir = {state:?}\nrun_dir = {run:?}\nsandbox_image = {IMAGE:?}\n{extra_config}\n",
+        ctr = containerd_socket(),
+        state = dir.path().join("state"),
+        run = dir.path().join("run"),
+    );
+    std::fs::write(&config, toml).unwrap();
+    // Import the default image into this daemon's namespace.
+    let out = Command::new(env!("CARGO_BIN_EXE_computed"))
+        .args(["--config"])
+        .arg(&config)
+        .args(["image", "import"])
+        .arg(image_tar())
+        .args(["--name", IMAGE])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "image import failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = dir.path().join("computed.log");
+    let mut d = Daemon {
+        child: None,
+        dir,
+        addr,
+        socket,
+        namespace,
+        config,
+        log,
+    };
+    d.spawn();
+    d
+}
+
+impl Daemon {
+    /// Starts (or restarts) the daemon process and waits until it serves.
+    pub fn spawn(&mut self) {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_computed"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("node")
+            .env("RUST_LOG", "info,computed=debug")
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(&self.addr).is_ok() && self.socket.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("daemon did not start; log:\n{}", self.log_text());
+    }
+
+    /// Kills the daemon with SIGKILL (sandboxes keep running).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A client over TCP.
+    pub async fn client(&self) -> ComputeServiceClient<Channel> {
+        let ch = Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        ComputeServiceClient::new(ch)
+            .max_decoding_message_size(32 << 20)
+            .max_encoding_message_size(32 << 20)
+    }
+
+    /// The state directory.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// The ctr CLI in this daemon's namespace.
+    pub fn ctr(&self, args: &[&str]) -> String {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(containerd_socket())
+            .args(["--namespace", &self.namespace])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+        // Remove whatever the test left in containerd, then the namespace's images so that
+        // containerd's GC frees the unpacked snapshots.
+        for line in self.ctr(&["tasks", "ls", "-q"]).lines() {
+            let _ = self.ctr(&["tasks", "kill", "-s", "SIGKILL", line]);
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = self.ctr(&["tasks", "rm", "-f", line]);
+        }
+        for line in self.ctr(&["containers", "ls", "-q"]).lines() {
+            let _ = self.ctr(&["containers", "rm", line]);
+        }
+        for line in self.ctr(&["images", "ls", "-q"]).lines() {
+            let _ = self.ctr(&["images", "rm", line]);
+        }
+        if std::thread::panicking() {
+            eprintln!("---- daemon log ----\n{}", self.log_text());
+        }
+    }
+}
+
+/// A CreateSandboxRequest with the given tenant/session and otherwise defaults.
+pub fn create_req(tenant: &str, session: &str) -> pb::CreateSandboxRequest {
+    pb::CreateSandboxRequest {
+        tenant_id: tenant.into(),
+        session_id: session.into(),
+        ..Default::default()
+    }
+}
+
+/// An ExecCommandRequest.
+pub fn exec_req(id: &str, cmd: &str, args: &[&str]) -> pb::ExecCommandRequest {
+    pb::ExecCommandRequest {
+        sandbox_id: id.into(),
+        command: cmd.into(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// The collected result of an exec.
+#[derive(Debug, Default)]
+pub struct ExecOut {
+    /// All stdout.
+    pub stdout: Vec<u8>,
+    /// All stderr.
+    pub stderr: Vec<u8>,
+    /// The completed event.
+    pub completed: Option<pb::ExecCompleted>,
+    /// Number of events.
+    pub events: usize,
+}
+
+impl ExecOut {
+    /// stdout as text.
+    pub fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    /// The exit code (panics if the stream did not complete).
+    pub fn code(&self) -> i32 {
+        self.completed
+            .as_ref()
+            .expect("no completed event")
+            .exit_code
+    }
+}
+
+/// Runs an exec to completion.
+pub async fn exec(
+    c: &mut ComputeServiceClient<Channel>,
+    req: pb::ExecCommandRequest,
+) -> Result<ExecOut, tonic::Status> {
+    let mut stream = c.exec_command(req).await?.into_inner();
+    let mut out = ExecOut::default();
+    while let Some(ev) = stream.message().await? {
+        out.events += 1;
+        assert!(ev.emitted_at.is_some(), "every event carries emitted_at");
+        assert!(out.completed.is_none(), "completed must be the last event");
+        match ev.event {
+            Some(pb::exec_event::Event::Stdout(s)) => out.stdout.extend(s.data),
+            Some(pb::exec_event::Event::Stderr(s)) => out.stderr.extend(s.data),
+            Some(pb::exec_event::Event::Completed(c)) => out.completed = Some(c),
+            None => panic!("event without payload"),
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a shell command in a sandbox and returns its output, asserting exit 0.
+pub async fn sh(c: &mut ComputeServiceClient<Channel>, id: &str, script: &str) -> String {
+    let o = exec(c, exec_req(id, "sh", &["-c", script])).await.unwrap();
+    assert_eq!(
+        o.code(),
+        0,
+        "script {script:?} failed: stdout {} stderr {}",
+        o.out(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o.out()
+}
+
+/// Creates a sandbox and waits until it is READY.
+pub async fn ready_sandbox(
+    c: &mut ComputeServiceClient<Channel>,
+    req: pb::CreateSandboxRequest,
+) -> String {
+    let id = c.create_sandbox(req).await.unwrap().into_inner().sandbox_id;
+    wait_status(c, &id, SandboxStatus::Ready, Duration::from_secs(30)).await;
+    id
+}
+
+/// Polls DescribeSandbox until the status is `want`.
+pub async fn wait_status(
+    c: &mut ComputeServiceClient<Channel>,
+    id: &str,
+    want: SandboxStatus,
+    within: Duration,
+) -> pb::DescribeSandboxResponse {
+    let deadline = Instant::now() + within;
+    loop {
+        let d = c
+            .describe_sandbox(pb::DescribeSandboxRequest {
+                sandbox_id: id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if d.status == want as i32 {
+            return d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandbox {id} never became {want:?}; last {:?} ({})",
+            SandboxStatus::try_from(d.status),
+            d.failure_reason
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Host processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(cmd);
+            }
+        }
+    }
+    out
+}
+
+/// Mount points that mention `needle`.
+pub fn mounts_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(String::from)
+        .collect()
+}
+
+/// cgroup directories named for `id`, anywhere under /sys/fs/cgroup (two levels deep).
+pub fn cgroups_of(id: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let root = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![root.to_path_buf()];
+    for depth in 0..3 {
+        let mut next = Vec::new();
+        for d in dirs {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        if e.file_name().to_string_lossy() == id {
+                            out.push(e.path());
+                        } else if depth < 2 {
+                            next.push(e.path());
+                        }
+                    }
+                }
+            }
+        }
+        dirs = next;
+    }
+    out
+}
