@@ -101,6 +101,10 @@ pub struct Config {
     /// A static busybox copied into `<state_dir>/helpers` and mounted read-only at `/.compute`
     /// in every sandbox, where it runs as the sandbox's init; empty to use the image's `/bin/sh`.
     pub init_helper: PathBuf,
+    /// Pull an image from its registry when a sandbox names one that is not local.
+    pub pull_missing: bool,
+    /// Registries reached over plain HTTP (`host:port`), e.g. a local mirror.
+    pub insecure_registries: Vec<String>,
     /// Log as JSON lines.
     pub log_json: bool,
 }
@@ -135,6 +139,8 @@ impl Default for Config {
             cgroup_root: "/sys/fs/cgroup".into(),
             cgroup_parent: "compute".into(),
             init_helper: "/bin/busybox".into(),
+            pull_missing: true,
+            insecure_registries: vec![],
             log_json: false,
         }
     }

@@ -231,11 +231,9 @@ impl MemoryWindow {
     /// The time-weighted average so far (the last sample if the window is empty).
     pub fn average(&self) -> u64 {
         let total = self.last.duration_since(self.start).as_micros();
-        if total == 0 {
-            self.last_value
-        } else {
-            (self.weighted / total) as u64
-        }
+        self.weighted
+            .checked_div(total)
+            .map_or(self.last_value, |v| v as u64)
     }
 }
 

@@ -17,6 +17,14 @@ pub enum ImageCmd {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Pull an image from its registry.
+    Pull {
+        /// The reference, e.g. `registry.example.com/team/image:tag`.
+        reference: String,
+        /// Reach this registry (`host:port`) over plain HTTP.
+        #[arg(long)]
+        insecure: Vec<String>,
+    },
     /// Give an existing image another name.
     Alias {
         /// The existing name.
@@ -38,6 +46,14 @@ pub async fn run(cmd: ImageCmd, socket: &std::path::Path, namespace: &str) -> an
             for n in names {
                 println!("imported {n} ({:.1}s)", started.elapsed().as_secs_f64());
             }
+        }
+        ImageCmd::Pull {
+            reference,
+            insecure,
+        } => {
+            let started = std::time::Instant::now();
+            image::pull(&ctr, &reference, &insecure).await?;
+            println!("pulled {reference} ({:.1}s)", started.elapsed().as_secs_f64());
         }
         ImageCmd::Alias { existing, alias } => {
             image::alias(&ctr, &existing, &alias).await?;

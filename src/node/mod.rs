@@ -632,7 +632,15 @@ impl Node {
 
     async fn provision(&self, sb: &Sandbox) -> Result<()> {
         let rt = &self.inner.rt;
-        let resolved = image::resolve(&rt.ctr, &sb.image).await?;
+        let cfg = &self.inner.cfg;
+        let resolved = match image::resolve(&rt.ctr, &sb.image).await {
+            Err(image::Error::NotFound(_)) if cfg.pull_missing => {
+                info!(sandbox_id = %sb.id, image = %sb.image, "image not local: pulling");
+                image::pull(&rt.ctr, &sb.image, &cfg.insecure_registries).await?;
+                image::resolve(&rt.ctr, &sb.image).await?
+            }
+            other => other?,
+        };
         // Re-create the container with the image's environment in its spec: the record from
         // Create carries the same labels, so this is invisible to recovery.
         let spec_json = self.spec_for(sb, &resolved.env);

@@ -42,6 +42,14 @@ pub enum Error {
         /// The error.
         source: std::io::Error,
     },
+    /// Pulling from a registry failed.
+    #[error("pull {reference}: {why}")]
+    Pull {
+        /// The reference.
+        reference: String,
+        /// What went wrong.
+        why: String,
+    },
     /// A containerd call failed.
     #[error(transparent)]
     Containerd(#[from] containerd::Error),
@@ -98,8 +106,6 @@ struct ImageConfig {
 struct ContainerConfig {
     #[serde(rename = "Env", default)]
     env: Option<Vec<String>>,
-    #[serde(rename = "WorkingDir", default)]
-    working_dir: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,16 +182,31 @@ fn pick_platform(manifests: &[OciDescriptor], what: &str) -> Result<OciDescripto
         .ok_or_else(|| invalid(what, format!("no manifest for linux/{arch}")))
 }
 
+/// Blobs by digest.
+type Blobs = HashMap<String, Vec<u8>>;
+
+fn blob(blobs: &Blobs, digest: &str) -> Result<Vec<u8>> {
+    let data = blobs
+        .get(digest)
+        .cloned()
+        .ok_or_else(|| invalid(digest, "blob missing"))?;
+    let actual = sha256_digest(&data);
+    if actual != digest {
+        return Err(invalid(digest, format!("content digest is {actual}")));
+    }
+    Ok(data)
+}
+
 /// Imports an OCI image-layout tarball. Returns the names it was imported under: `name` if
 /// given, else the names the index annotates (`io.containerd.image.name`, then
 /// `org.opencontainers.image.ref.name`).
 pub async fn import_tar(ctr: &Containerd, path: &Path, name: Option<&str>) -> Result<Vec<String>> {
     let p = path.to_path_buf();
-    let blobs = tokio::task::spawn_blocking(move || read_layout(&p))
+    let files = tokio::task::spawn_blocking(move || read_layout(&p))
         .await
         .map_err(|e| invalid("tarball", e))??;
     let what = path.display().to_string();
-    let index_raw = blobs
+    let index_raw = files
         .get("index.json")
         .ok_or_else(|| invalid(&what, "no index.json (not an OCI image layout)"))?;
     let index: Index = serde_json::from_slice(index_raw).map_err(|e| invalid(&what, e))?;
@@ -211,51 +232,114 @@ pub async fn import_tar(ctr: &Containerd, path: &Path, name: Option<&str>) -> Re
     if names.is_empty() {
         return Err(invalid(&what, "no image name given and none annotated"));
     }
-    let get = |digest: &str| -> Result<Vec<u8>> {
-        let key = format!("blobs/{}", digest.replacen(':', "/", 1));
-        blobs
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| invalid(&what, format!("missing blob {digest}")))
-    };
-    let source = BlobSource::Memory(&get);
-    let lease = format!("compute-import-{}", uuid::Uuid::new_v4());
-    ctr.create_lease(&lease).await?;
-    let result = store_and_unpack(ctr, &source, &top, &names, &lease).await;
-    let _ = ctr.delete_lease(&lease).await;
-    result?;
+    let blobs: Blobs = files
+        .into_iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix("blobs/")
+                .and_then(|d| d.split_once('/'))
+                .map(|(alg, hex)| (format!("{alg}:{hex}"), v))
+        })
+        .collect();
+    store(ctr, &blobs, &top, &names).await?;
     Ok(names)
 }
 
-enum BlobSource<'a> {
-    Memory(&'a dyn Fn(&str) -> Result<Vec<u8>>),
+/// Pulls `reference` from its registry (anonymously; plain HTTP for the `insecure` registries)
+/// and unpacks it, under the name `reference`.
+pub async fn pull(ctr: &Containerd, reference: &str, insecure: &[String]) -> Result<()> {
+    use oci_client::{client::ClientConfig, client::ClientProtocol, secrets::RegistryAuth};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let r: oci_client::Reference = reference
+        .parse()
+        .map_err(|e| invalid(reference, format!("not an image reference: {e}")))?;
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::HttpsExcept(insecure.to_vec()),
+        ..Default::default()
+    });
+    let auth = RegistryAuth::Anonymous;
+    let accepted = [
+        MT_OCI_INDEX,
+        MT_DOCKER_LIST,
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ];
+    let pull_err = |e: oci_client::errors::OciDistributionError| Error::Pull {
+        reference: reference.to_string(),
+        why: e.to_string(),
+    };
+    let (raw, digest) = client
+        .pull_manifest_raw(&r, &auth, &accepted)
+        .await
+        .map_err(pull_err)?;
+    let media_type = media_type_of(&raw);
+    let top = OciDescriptor {
+        media_type: media_type.clone(),
+        digest: digest.clone(),
+        size: raw.len() as i64,
+        annotations: HashMap::new(),
+        platform: None,
+    };
+    let mut blobs: Blobs = HashMap::from([(digest.clone(), raw.to_vec())]);
+    let manifest_raw = if is_index(&media_type) {
+        let idx: Index = serde_json::from_slice(&raw).map_err(|e| invalid(reference, e))?;
+        let m = pick_platform(&idx.manifests, reference)?;
+        let mr = r.clone_with_digest(m.digest.clone());
+        let (mraw, mdigest) = client
+            .pull_manifest_raw(&mr, &auth, &accepted)
+            .await
+            .map_err(pull_err)?;
+        blobs.insert(mdigest, mraw.to_vec());
+        mraw.to_vec()
+    } else {
+        raw.to_vec()
+    };
+    let manifest: Manifest =
+        serde_json::from_slice(&manifest_raw).map_err(|e| invalid(reference, e))?;
+    for d in std::iter::once(&manifest.config).chain(manifest.layers.iter()) {
+        let mut data = Vec::with_capacity(d.size.max(0) as usize);
+        client
+            .pull_blob(&r, d.digest.as_str(), &mut data)
+            .await
+            .map_err(pull_err)?;
+        blobs.insert(d.digest.clone(), data);
+    }
+    store(ctr, &blobs, &top, &[reference.to_string()]).await
 }
 
-impl BlobSource<'_> {
-    fn get(&self, digest: &str) -> Result<Vec<u8>> {
-        match self {
-            BlobSource::Memory(f) => {
-                let data = f(digest)?;
-                let actual = sha256_digest(&data);
-                if actual != digest {
-                    return Err(invalid(digest, format!("content digest is {actual}")));
-                }
-                Ok(data)
-            }
-        }
+fn media_type_of(raw: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct Head {
+        #[serde(rename = "mediaType", default)]
+        media_type: String,
+        #[serde(default)]
+        manifests: Option<serde_json::Value>,
     }
+    match serde_json::from_slice::<Head>(raw) {
+        Ok(h) if !h.media_type.is_empty() => h.media_type,
+        Ok(h) if h.manifests.is_some() => MT_OCI_INDEX.into(),
+        _ => "application/vnd.oci.image.manifest.v1+json".into(),
+    }
+}
+
+/// Writes the blobs of one image into containerd and unpacks it, inside a lease.
+async fn store(ctr: &Containerd, blobs: &Blobs, top: &OciDescriptor, names: &[String]) -> Result<()> {
+    let lease = format!("compute-import-{}", uuid::Uuid::new_v4());
+    ctr.create_lease(&lease).await?;
+    let result = store_and_unpack(ctr, blobs, top, names, &lease).await;
+    let _ = ctr.delete_lease(&lease).await;
+    result
 }
 
 async fn store_and_unpack(
     ctr: &Containerd,
-    source: &BlobSource<'_>,
+    blobs: &Blobs,
     top: &OciDescriptor,
     names: &[String],
     lease: &str,
 ) -> Result<()> {
     // Resolve an index to this platform's manifest, keeping the index as the image target.
     let (manifest_desc, index_blob) = if is_index(&top.media_type) {
-        let raw = source.get(&top.digest)?;
+        let raw = blob(blobs, &top.digest)?;
         let idx: Index = serde_json::from_slice(&raw).map_err(|e| invalid(&top.digest, e))?;
         (
             pick_platform(&idx.manifests, &top.digest)?,
@@ -264,10 +348,10 @@ async fn store_and_unpack(
     } else {
         (top.clone(), None)
     };
-    let manifest_raw = source.get(&manifest_desc.digest)?;
+    let manifest_raw = blob(blobs, &manifest_desc.digest)?;
     let manifest: Manifest =
         serde_json::from_slice(&manifest_raw).map_err(|e| invalid(&manifest_desc.digest, e))?;
-    let config_raw = source.get(&manifest.config.digest)?;
+    let config_raw = blob(blobs, &manifest.config.digest)?;
     let config: ImageConfig =
         serde_json::from_slice(&config_raw).map_err(|e| invalid(&manifest.config.digest, e))?;
     if config.rootfs.diff_ids.len() != manifest.layers.len() {
@@ -279,7 +363,7 @@ async fn store_and_unpack(
     let chains = chain_ids(&config.rootfs.diff_ids);
 
     for layer in &manifest.layers {
-        let data = source.get(&layer.digest)?;
+        let data = blob(blobs, &layer.digest)?;
         ctr.write_content(&layer.digest, data, HashMap::new(), lease)
             .await?;
     }
@@ -446,7 +530,6 @@ pub async fn resolve(ctr: &Containerd, name: &str) -> Result<ResolvedImage> {
         return Err(invalid(name, "image is not unpacked; import it again"));
     }
     let cc = config.config.unwrap_or_default();
-    let _ = cc.working_dir;
     Ok(ResolvedImage {
         name: name.to_string(),
         chain_id,

@@ -234,7 +234,21 @@ impl Drop for Daemon {
             let _ = self.ctr(&["containers", "rm", line]);
         }
         for line in self.ctr(&["images", "ls", "-q"]).lines() {
-            let _ = self.ctr(&["images", "rm", line]);
+            let _ = self.ctr(&["images", "rm", "--sync", line]);
+        }
+        // The namespace goes once containerd's GC has freed its content and snapshots.
+        for _ in 0..20 {
+            let ok = Command::new("ctr")
+                .arg("--address")
+                .arg(containerd_socket())
+                .args(["namespaces", "rm", &self.namespace])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            if ok {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
         if std::thread::panicking() {
             eprintln!("---- daemon log ----\n{}", self.log_text());
