@@ -53,7 +53,10 @@ pub async fn run(cmd: ImageCmd, socket: &std::path::Path, namespace: &str) -> an
         } => {
             let started = std::time::Instant::now();
             image::pull(&ctr, &reference, &insecure).await?;
-            println!("pulled {reference} ({:.1}s)", started.elapsed().as_secs_f64());
+            println!(
+                "pulled {reference} ({:.1}s)",
+                started.elapsed().as_secs_f64()
+            );
         }
         ImageCmd::Alias { existing, alias } => {
             image::alias(&ctr, &existing, &alias).await?;

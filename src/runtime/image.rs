@@ -322,7 +322,12 @@ fn media_type_of(raw: &[u8]) -> String {
 }
 
 /// Writes the blobs of one image into containerd and unpacks it, inside a lease.
-async fn store(ctr: &Containerd, blobs: &Blobs, top: &OciDescriptor, names: &[String]) -> Result<()> {
+async fn store(
+    ctr: &Containerd,
+    blobs: &Blobs,
+    top: &OciDescriptor,
+    names: &[String],
+) -> Result<()> {
     let lease = format!("compute-import-{}", uuid::Uuid::new_v4());
     ctr.create_lease(&lease).await?;
     let result = store_and_unpack(ctr, blobs, top, names, &lease).await;
