@@ -2,10 +2,13 @@
 //! RPCs over it.
 //!
 //! The sandbox owns its workspace and is hostile: it may replace any directory with a symlink at
-//! any moment. Every path is therefore resolved by the kernel from a handle on the workspace
-//! root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`: a lookup that would leave the
-//! root (through `..`, an absolute symlink or a symlink pointing outside) fails with EXDEV, which
-//! we report as PERMISSION_DENIED. No path string is ever checked and then opened by name.
+//! any moment. Every path is therefore resolved one component at a time from a handle on the
+//! workspace root, each component opened `O_PATH | O_NOFOLLOW` relative to the handle of its
+//! parent, so no lookup ever passes through a symlink the kernel follows for us. Symlinks are
+//! expanded by our own rules (see [`Workspace::resolve`]): a target that leaves the workspace
+//! is PERMISSION_DENIED. The final object is then opened through its handle
+//! (`/proc/self/fd/N`), so what is read or written is exactly the inode that was resolved. No
+//! path string is ever checked and then opened by name.
 //!
 //! Paths in requests are relative to the mount path. An absolute path is taken as relative to the
 //! mount path when it starts with it (`/workspace/a` is `a`), and as relative to the workspace
@@ -18,7 +21,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 /// Per-call data cap of ReadFile and WriteFile.
@@ -42,6 +45,9 @@ pub enum Error {
     /// Resolution would leave the workspace (a symlink pointing outside).
     #[error("path {0:?} resolves outside the workspace")]
     Escape(String),
+    /// Too many symlinks (a loop).
+    #[error("path {0:?}: too many levels of symbolic links")]
+    Loop(String),
     /// Nothing at that path.
     #[error("path {0:?} not found")]
     NotFound(String),
@@ -77,7 +83,7 @@ fn map_errno(op: &'static str, path: &str, e: Errno) -> Error {
     match e {
         Errno::XDEV => Error::Escape(path.into()),
         Errno::NOENT => Error::NotFound(path.into()),
-        Errno::LOOP => Error::Escape(path.into()),
+        Errno::LOOP => Error::Loop(path.into()),
         Errno::NOTDIR => Error::WrongType {
             path: path.into(),
             why: "a parent is not a directory",
@@ -142,8 +148,6 @@ pub fn clean_path(path: &str, mount_path: &str) -> Result<Vec<String>> {
     Ok(out)
 }
 
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
-
 /// A handle on one workspace root.
 pub struct Workspace {
     root: OwnedFd,
@@ -184,6 +188,45 @@ fn stat_time(secs: i64, nsecs: i64) -> SystemTime {
     }
 }
 
+/// Most symlinks one resolution follows before giving up (as the kernel's 40).
+const MAX_SYMLINKS: usize = 40;
+
+/// Where a resolution ended.
+struct Resolved {
+    /// The directory holding the final entry (the final directory itself when `name` is None).
+    dir: OwnedFd,
+    /// The final entry's name; None when the path is a directory reached as a whole (the root,
+    /// or a path ending in `..` through a symlink).
+    name: Option<String>,
+    /// An O_PATH handle on the final entry, when it exists.
+    fd: Option<OwnedFd>,
+}
+
+fn o_path_dir(dirfd: &OwnedFd) -> std::io::Result<OwnedFd> {
+    // `.` from a directory handle: a second handle on the same directory.
+    rustix::fs::openat(
+        dirfd,
+        ".",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(Into::into)
+}
+
+fn is_type(fd: &OwnedFd, want: FileType) -> Result<bool> {
+    let st = rustix::fs::fstat(fd).map_err(|e| map_errno("stat", "", e))?;
+    Ok(FileType::from_raw_mode(st.st_mode) == want)
+}
+
+/// Opens the object behind an O_PATH handle for I/O, through `/proc/self/fd`: the kernel hands
+/// back exactly the inode the handle names, whatever happened to its path meanwhile.
+fn reopen(fd: &OwnedFd, flags: OFlags, path: &str) -> Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::fs::open(proc_path.as_str(), flags | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| map_errno("open", path, e))
+}
+
 impl Workspace {
     /// Opens the workspace rooted at the host directory `dir`.
     pub fn open(dir: &Path, mount_path: &str) -> Result<Self> {
@@ -199,54 +242,121 @@ impl Workspace {
         })
     }
 
-    fn resolve(&self, comps: &[String], flags: OFlags, mode: Mode, path: &str) -> Result<OwnedFd> {
-        let rel = if comps.is_empty() {
-            ".".to_string()
-        } else {
-            comps.join("/")
-        };
-        rustix::fs::openat2(
-            &self.root,
-            rel.as_str(),
-            flags | OFlags::CLOEXEC,
-            mode,
-            RESOLVE,
-        )
-        .map_err(|e| map_errno("open", path, e))
-    }
-
-    /// Opens (creating as needed) the directory `comps`, one component at a time, each resolved
-    /// beneath the workspace root.
-    fn dir_create(&self, comps: &[String], path: &str) -> Result<OwnedFd> {
-        match self.resolve(
-            comps,
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-            path,
-        ) {
-            Err(Error::NotFound(_)) => {}
-            other => return other,
-        }
-        let mut cur = self.resolve(&[], OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty(), path)?;
-        for c in comps {
-            match rustix::fs::mkdirat(&cur, c.as_str(), Mode::from_raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(map_errno("mkdir", path, e)),
+    /// Resolves `comps` from the root, one component at a time, each opened with `O_NOFOLLOW`
+    /// relative to the handle of its parent. Symlinks are expanded here, by our rules: a
+    /// relative target continues from the link's directory, an absolute target must lie under
+    /// the mount path (it is the sandbox's view) and restarts from the root, and `..` may never
+    /// climb above the root. Anything else is an escape. The final component is followed too.
+    /// With `create_dirs`, missing intermediate directories are made.
+    fn resolve(&self, comps: &[String], create_dirs: bool, path: &str) -> Result<Resolved> {
+        let dup = |fd: &OwnedFd| o_path_dir(fd).map_err(|e| map_io("open", path, e));
+        let mut stack: Vec<OwnedFd> = vec![dup(&self.root)?];
+        let mut todo: std::collections::VecDeque<String> = comps.iter().cloned().collect();
+        let mut links = 0;
+        while let Some(c) = todo.pop_front() {
+            if c.is_empty() || c == "." {
+                continue;
             }
-            cur = rustix::fs::openat2(
-                &cur,
+            if c == ".." {
+                if stack.len() == 1 {
+                    return Err(Error::Escape(path.into()));
+                }
+                stack.pop();
+                continue;
+            }
+            let is_last = todo.is_empty();
+            let cur = stack.last().expect("stack never empties");
+            let opened = rustix::fs::openat(
+                cur,
                 c.as_str(),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
-                // Stepping into a directory just made: a symlink swapped in is refused.
-                RESOLVE | ResolveFlags::NO_SYMLINKS,
-            )
-            .map_err(|e| match e {
-                Errno::LOOP => Error::Escape(path.into()),
-                e => map_errno("open", path, e),
-            })?;
+            );
+            let fd = match opened {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) if is_last => {
+                    return Ok(Resolved {
+                        dir: dup(cur)?,
+                        name: Some(c),
+                        fd: None,
+                    })
+                }
+                Err(Errno::NOENT) if create_dirs => {
+                    match rustix::fs::mkdirat(cur, c.as_str(), Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(map_errno("mkdir", path, e)),
+                    }
+                    // Go round again: whatever is there now is resolved by the same rules.
+                    todo.push_front(c);
+                    continue;
+                }
+                Err(e) => return Err(map_errno("open", path, e)),
+            };
+            let st = rustix::fs::fstat(&fd).map_err(|e| map_errno("stat", path, e))?;
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Symlink => {
+                    links += 1;
+                    if links > MAX_SYMLINKS {
+                        return Err(Error::Loop(path.into()));
+                    }
+                    let target = rustix::fs::readlinkat(&fd, "", Vec::new())
+                        .map_err(|e| map_errno("readlink", path, e))?;
+                    let target = target.to_string_lossy().into_owned();
+                    let mut next: Vec<String> = Vec::new();
+                    if let Some(abs) = target.strip_prefix('/') {
+                        let mp = self.mount_path.trim_matches('/');
+                        let rest = if abs == mp {
+                            ""
+                        } else if let Some(r) = abs.strip_prefix(&format!("{mp}/")) {
+                            r
+                        } else {
+                            return Err(Error::Escape(path.into()));
+                        };
+                        stack.truncate(1);
+                        next.extend(rest.split('/').map(String::from));
+                    } else {
+                        next.extend(target.split('/').map(String::from));
+                    }
+                    for n in next.into_iter().rev() {
+                        todo.push_front(n);
+                    }
+                }
+                FileType::Directory => {
+                    if is_last {
+                        return Ok(Resolved {
+                            dir: dup(cur)?,
+                            name: Some(c),
+                            fd: Some(fd),
+                        });
+                    }
+                    stack.push(fd);
+                }
+                _ if is_last => {
+                    return Ok(Resolved {
+                        dir: dup(cur)?,
+                        name: Some(c),
+                        fd: Some(fd),
+                    })
+                }
+                _ => {
+                    return Err(Error::WrongType {
+                        path: path.into(),
+                        why: "a parent is not a directory",
+                    })
+                }
+            }
         }
-        Ok(cur)
+        // Ran out of components on a directory step (the root, `..`, or a link to a dir).
+        let top = stack.pop().expect("stack never empties");
+        let dir = match stack.last() {
+            Some(parent) => dup(parent)?,
+            None => dup(&top)?,
+        };
+        Ok(Resolved {
+            dir,
+            name: None,
+            fd: Some(top),
+        })
     }
 
     /// Reads up to `max_bytes` (0 = up to the cap) from `offset`.
@@ -258,14 +368,11 @@ impl Workspace {
             });
         }
         let comps = clean_path(path, &self.mount_path)?;
-        // O_NONBLOCK: opening a FIFO must not wait for a writer.
-        let fd = self.resolve(
-            &comps,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
-            Mode::empty(),
-            path,
-        )?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| map_errno("stat", path, e))?;
+        let r = self.resolve(&comps, false, path)?;
+        let Some(target) = r.fd else {
+            return Err(Error::NotFound(path.into()));
+        };
+        let st = rustix::fs::fstat(&target).map_err(|e| map_errno("stat", path, e))?;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => {}
             FileType::Directory => {
@@ -274,6 +381,7 @@ impl Workspace {
                     why: "is a directory",
                 })
             }
+            // FIFOs, sockets and devices are never opened: a FIFO would block the reader.
             _ => {
                 return Err(Error::WrongType {
                     path: path.into(),
@@ -281,7 +389,13 @@ impl Workspace {
                 })
             }
         }
-        let total = st.st_size as u64;
+        let fd = reopen(
+            &target,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+            path,
+        )?;
+        let file = File::from(fd);
+        let total = file.metadata().map_err(|e| map_io("stat", path, e))?.len();
         let cap = if max_bytes == 0 {
             MAX_IO_BYTES
         } else {
@@ -289,7 +403,6 @@ impl Workspace {
         };
         let offset = offset as u64;
         let want = total.saturating_sub(offset).min(cap as u64) as usize;
-        let file = File::from(fd);
         let mut data = vec![0u8; want];
         let mut got = 0;
         while got < want {
@@ -309,88 +422,109 @@ impl Workspace {
     }
 
     /// Writes `data` to `path`: appends, or atomically replaces the file (a reader sees the old
-    /// or the new content, never a mix). `mode` applies only when the file is created.
+    /// or the new content, never a mix). `mode` applies only when the file is created. Parent
+    /// directories are created. A symlink at `path` is followed when it stays inside.
     pub fn write(&self, path: &str, data: &[u8], append: bool, mode: u32) -> Result<u64> {
         if data.len() > MAX_IO_BYTES {
             return Err(Error::TooLarge(data.len()));
         }
         let comps = clean_path(path, &self.mount_path)?;
-        let Some((name, parent)) = comps.split_last() else {
+        if comps.is_empty() {
             return Err(Error::WrongType {
                 path: path.into(),
                 why: "is the workspace root",
             });
+        }
+        let r = self.resolve(&comps, true, path)?;
+        let Some(name) = r.name else {
+            return Err(Error::WrongType {
+                path: path.into(),
+                why: "is a directory",
+            });
         };
-        let dir = self.dir_create(parent, path)?;
         let mode = if mode == 0 { 0o644 } else { mode & 0o7777 };
+        let existing_mode = match &r.fd {
+            None => None,
+            Some(fd) => {
+                let st = rustix::fs::fstat(fd).map_err(|e| map_errno("stat", path, e))?;
+                match FileType::from_raw_mode(st.st_mode) {
+                    FileType::RegularFile => Some(st.st_mode & 0o7777),
+                    FileType::Directory => {
+                        return Err(Error::WrongType {
+                            path: path.into(),
+                            why: "is a directory",
+                        })
+                    }
+                    _ => {
+                        return Err(Error::WrongType {
+                            path: path.into(),
+                            why: "not a regular file",
+                        })
+                    }
+                }
+            }
+        };
         if append {
-            let fd = rustix::fs::openat2(
-                &dir,
-                name.as_str(),
-                OFlags::WRONLY
-                    | OFlags::APPEND
-                    | OFlags::CREATE
-                    | OFlags::NONBLOCK
-                    | OFlags::CLOEXEC,
-                Mode::from_raw_mode(mode),
-                RESOLVE,
-            )
-            .map_err(|e| map_errno("open", path, e))?;
-            let st = rustix::fs::fstat(&fd).map_err(|e| map_errno("stat", path, e))?;
-            if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            let fd = match &r.fd {
+                Some(fd) => reopen(fd, OFlags::WRONLY | OFlags::APPEND | OFlags::NONBLOCK, path)?,
+                None => rustix::fs::openat(
+                    &r.dir,
+                    name.as_str(),
+                    OFlags::WRONLY
+                        | OFlags::APPEND
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(mode),
+                )
+                .map_err(|e| map_errno("create", path, e))?,
+            };
+            if !is_type(&fd, FileType::RegularFile)? {
                 return Err(Error::WrongType {
                     path: path.into(),
                     why: "not a regular file",
                 });
             }
             let mut f = File::from(fd);
+            if existing_mode.is_none() {
+                rustix::fs::fchmod(&f, Mode::from_raw_mode(mode))
+                    .map_err(|e| map_errno("chmod", path, e))?;
+            }
             f.write_all(data).map_err(|e| map_io("write", path, e))?;
             return Ok(data.len() as u64);
         }
-        // Replace: keep an existing file's mode; refuse to replace a directory.
-        let final_mode = match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => match FileType::from_raw_mode(st.st_mode) {
-                FileType::Directory => {
-                    return Err(Error::WrongType {
-                        path: path.into(),
-                        why: "is a directory",
-                    })
-                }
-                FileType::RegularFile => st.st_mode & 0o7777,
-                _ => mode,
-            },
-            Err(Errno::NOENT) => mode,
-            Err(e) => return Err(map_errno("stat", path, e)),
-        };
+        let final_mode = existing_mode.unwrap_or(mode);
         let tmp = format!(".compute-write-{}", uuid::Uuid::new_v4().simple());
-        let fd = rustix::fs::openat2(
-            &dir,
+        let fd = rustix::fs::openat(
+            &r.dir,
             tmp.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(final_mode),
-            RESOLVE | ResolveFlags::NO_SYMLINKS,
         )
         .map_err(|e| map_errno("create", path, e))?;
         let mut f = File::from(fd);
         let res = f
             .write_all(data)
-            .and_then(|_| {
-                rustix::fs::fchmod(f.as_fd(), Mode::from_raw_mode(final_mode)).map_err(Into::into)
-            })
             .map_err(|e| map_io("write", path, e))
             .and_then(|_| {
-                rustix::fs::renameat(&dir, tmp.as_str(), &dir, name.as_str())
+                rustix::fs::fchmod(f.as_fd(), Mode::from_raw_mode(final_mode))
+                    .map_err(|e| map_errno("chmod", path, e))
+            })
+            .and_then(|_| {
+                rustix::fs::renameat(&r.dir, tmp.as_str(), &r.dir, name.as_str())
                     .map_err(|e| map_errno("rename", path, e))
             });
         if res.is_err() {
-            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+            let _ = rustix::fs::unlinkat(&r.dir, tmp.as_str(), AtFlags::empty());
         }
         res?;
         Ok(data.len() as u64)
     }
 
     /// Lists `path` (a directory), recursively if asked, up to `max_entries` (0 = 1000, capped
-    /// at 10000). Returns the entries and whether the cap cut the listing.
+    /// at 10000). Returns the entries and whether the cap cut the listing. Symlinks are listed
+    /// as entries and never descended into.
     pub fn list(
         &self,
         path: &str,
@@ -402,12 +536,17 @@ impl Workspace {
             n => n.min(MAX_LIST),
         };
         let comps = clean_path(path, &self.mount_path)?;
-        let dir = self.resolve(
-            &comps,
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-            path,
-        )?;
+        let r = self.resolve(&comps, false, path)?;
+        let Some(target) = r.fd else {
+            return Err(Error::NotFound(path.into()));
+        };
+        if !is_type(&target, FileType::Directory)? {
+            return Err(Error::WrongType {
+                path: path.into(),
+                why: "not a directory",
+            });
+        }
+        let dir = reopen(&target, OFlags::RDONLY | OFlags::DIRECTORY, path)?;
         let mut out = Vec::new();
         let mut stack: Vec<(OwnedFd, String)> = vec![(dir, String::new())];
         let mut truncated = false;
@@ -424,6 +563,7 @@ impl Workspace {
                 names.push(String::from_utf8_lossy(name).into_owned());
             }
             names.sort();
+            let mut subdirs = Vec::new();
             for name in names {
                 let st = match rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(st) => st,
@@ -448,18 +588,19 @@ impl Workspace {
                     modified: stat_time(st.st_mtime, st.st_mtime_nsec as i64),
                 });
                 if recursive && is_dir {
-                    // Never follow a symlink when descending: a swapped-in link is skipped.
-                    if let Ok(sub) = rustix::fs::openat2(
+                    // Never follow a symlink when descending: one swapped in is skipped.
+                    if let Ok(sub) = rustix::fs::openat(
                         &fd,
                         name.as_str(),
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                         Mode::empty(),
-                        RESOLVE | ResolveFlags::NO_SYMLINKS,
                     ) {
-                        stack.push((sub, rel));
+                        subdirs.push((sub, rel));
                     }
                 }
             }
+            // Depth-first in name order.
+            stack.extend(subdirs.into_iter().rev());
         }
         Ok((out, truncated))
     }
@@ -577,6 +718,24 @@ mod tests {
         for p in ["slash/etc/passwd", "up", "proc/etc/passwd"] {
             assert!(matches!(ws.read(p, 0, 0), Err(Error::Escape(_))), "{p}");
         }
+        // Links that stay inside are followed, also absolute ones in the sandbox's view.
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::fs::write(root.join("d/f"), b"inside").unwrap();
+        std::os::unix::fs::symlink("d/f", root.join("rel")).unwrap();
+        std::os::unix::fs::symlink("/workspace/d/f", root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../d", root.join("d/self")).unwrap();
+        for p in ["rel", "abs", "d/self/self/f"] {
+            assert_eq!(ws.read(p, 0, 0).unwrap().data, b"inside", "{p}");
+        }
+        ws.write("rel", b"via-link", false, 0).unwrap();
+        assert_eq!(std::fs::read(root.join("d/f")).unwrap(), b"via-link");
+        assert!(std::fs::symlink_metadata(root.join("rel"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        std::os::unix::fs::symlink("loop2", root.join("loop1")).unwrap();
+        std::os::unix::fs::symlink("loop1", root.join("loop2")).unwrap();
+        assert!(matches!(ws.read("loop1", 0, 0), Err(Error::Loop(_))));
         assert!(matches!(
             ws.write("slash/tmp/x", b"x", false, 0),
             Err(Error::Escape(_))

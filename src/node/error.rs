@@ -73,9 +73,9 @@ impl From<Error> for Status {
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Workspace(w) => match w {
-                workspace::Error::InvalidPath { .. } | workspace::Error::TooLarge(_) => {
-                    Code::InvalidArgument
-                }
+                workspace::Error::InvalidPath { .. }
+                | workspace::Error::TooLarge(_)
+                | workspace::Error::Loop(_) => Code::InvalidArgument,
                 workspace::Error::Escape(_) => Code::PermissionDenied,
                 workspace::Error::NotFound(_) => Code::NotFound,
                 workspace::Error::WrongType { .. } => Code::FailedPrecondition,
