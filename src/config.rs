@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::volume::Backend;
+
 /// Errors of configuration loading.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -72,6 +74,13 @@ pub struct Config {
     pub storage_class: String,
     /// Default workspace size (`PVC_WORKSPACE_SIZE`).
     pub workspace_size: String,
+    /// Largest workspace a request may ask for.
+    pub max_workspace_size: String,
+    /// Storage classes: name → backend. An unknown class is INVALID_ARGUMENT.
+    pub storage_classes: std::collections::BTreeMap<String, Backend>,
+    /// How often the daemon collects expired soft-deleted workspaces, in seconds (0 = never;
+    /// `computed gc` does one pass).
+    pub gc_interval_secs: u64,
     /// Default CPU limit in millicores.
     pub default_cpu_millis: u32,
     /// Default memory limit in bytes.
@@ -125,6 +134,14 @@ impl Default for Config {
             sandbox_image: "compute.local/sandbox-python:latest".into(),
             storage_class: "standard".into(),
             workspace_size: "5Gi".into(),
+            max_workspace_size: "100Gi".into(),
+            storage_classes: [
+                ("standard".to_string(), Backend::Ext4Loop),
+                ("local".to_string(), Backend::Dir),
+            ]
+            .into_iter()
+            .collect(),
+            gc_interval_secs: 300,
             default_cpu_millis: 1000,
             default_memory_bytes: 1 << 30,
             default_max_runtime_secs: 15 * 60,
@@ -212,6 +229,18 @@ impl Config {
             return bad(format!(
                 "workspace_size {:?} is not a size",
                 self.workspace_size
+            ));
+        }
+        if parse_size(&self.max_workspace_size).is_none() {
+            return bad(format!(
+                "max_workspace_size {:?} is not a size",
+                self.max_workspace_size
+            ));
+        }
+        if !self.storage_classes.contains_key(&self.storage_class) {
+            return bad(format!(
+                "default storage_class {:?} is not among storage_classes",
+                self.storage_class
             ));
         }
         if self.default_cpu_millis == 0 || self.default_memory_bytes < (16 << 20) {

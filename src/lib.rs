@@ -11,4 +11,5 @@ pub mod metering;
 pub mod node;
 pub mod runtime;
 pub mod server;
+pub mod volume;
 pub mod workspace;

@@ -442,7 +442,8 @@ impl Workspace {
                 why: "is a directory",
             });
         };
-        let mode = if mode == 0 { 0o644 } else { mode & 0o7777 };
+        // setuid and setgid bits are never set from the host side.
+        let mode = if mode == 0 { 0o644 } else { mode & 0o1777 };
         let existing_mode = match &r.fd {
             None => None,
             Some(fd) => {

@@ -183,9 +183,11 @@ async fn lifecycle_exec_files_and_no_leftovers() {
         !d.dir.path().join("run/io").join(&id).exists(),
         "FIFO dir left"
     );
-    // The workspace is soft-deleted: kept, with a tombstone.
+    // The workspace is soft-deleted: its volume is detached (unmounted, loop device released)
+    // and kept, with a tombstone.
     let ws = d.state_dir().join("workspaces").join(&id);
-    assert!(ws.join("data/result.txt").exists());
+    assert!(ws.join("volume.ext4").exists());
+    assert!(!computed::volume::is_mounted(&ws.join("data")));
     let tomb: serde_json::Value =
         serde_json::from_slice(&std::fs::read(ws.join("tombstone.json")).unwrap()).unwrap();
     assert_eq!(tomb["tenant_id"], "tenant-a");

@@ -23,6 +23,12 @@ struct Args {
 enum Cmd {
     /// Run the node daemon in the foreground.
     Node,
+    /// One garbage-collection pass over expired soft-deleted workspaces (for a CronJob).
+    Gc {
+        /// Report what would be freed without deleting.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Manage sandbox images in the node's containerd.
     Image {
         #[command(subcommand)]
@@ -50,6 +56,24 @@ fn main() -> ExitCode {
     let res = rt.block_on(async move {
         match args.cmd {
             Cmd::Node => run_node(cfg).await,
+            Cmd::Gc { dry_run } => {
+                let dir = cfg.state_dir.clone();
+                let freed = tokio::task::spawn_blocking(move || {
+                    computed::node::gc::pass(&dir, std::time::SystemTime::now(), dry_run)
+                })
+                .await?;
+                for f in &freed {
+                    println!(
+                        "{} {} tenant={} bytes={}",
+                        if dry_run { "would free" } else { "freed" },
+                        f.id,
+                        f.tenant_id,
+                        f.bytes
+                    );
+                }
+                println!("{} workspace(s)", freed.len());
+                Ok(())
+            }
             Cmd::Image { cmd } => {
                 cli::image::run(cmd, &cfg.containerd_socket, &cfg.namespace).await
             }
@@ -83,6 +107,7 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
         }
     };
     tracing::info!(sandboxes = n, "recovered state from containerd");
+    let gc = node.spawn_gc_loop();
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
@@ -93,5 +118,8 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
         tracing::info!("shutting down; sandboxes keep running");
     };
     computed::server::serve(node, shutdown).await?;
+    if let Some(gc) = gc {
+        gc.abort();
+    }
     Ok(())
 }

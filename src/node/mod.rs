@@ -8,6 +8,7 @@
 
 mod error;
 pub mod exec;
+pub mod gc;
 pub mod service;
 
 use std::collections::HashMap;
@@ -21,7 +22,7 @@ use tracing::{info, instrument, warn};
 use crate::config::{parse_size, Config};
 use crate::metering::{CgroupVersion, SandboxCgroup, Usage};
 use crate::runtime::{image, spec, Runtime, SandboxLaunch, TaskState};
-use crate::workspace;
+use crate::{volume, workspace};
 pub use error::Error;
 
 type Result<T> = std::result::Result<T, Error>;
@@ -419,9 +420,10 @@ impl Node {
         let paths = self.paths(&sb.id);
         let mount = sb.workspace.mount_path.clone();
         let ws = blocking(move || {
-            paths
-                .create()
-                .map_err(|e| Error::Internal(format!("workspace directory: {e}")))?;
+            if volume::has_image(&paths) {
+                volume::attach(&paths)
+                    .map_err(|e| Error::Internal(format!("attach workspace volume: {e}")))?;
+            }
             workspace::Workspace::open(&paths.data, &mount).map_err(Error::from)
         })
         .await??;
@@ -454,11 +456,34 @@ impl Node {
                 "workspace size {size:?} is not a quantity like 5Gi"
             )));
         }
+        let size_bytes = parse_size(&size).unwrap_or(0);
+        let max = parse_size(&cfg.max_workspace_size).unwrap_or(u64::MAX);
+        if size_bytes > max {
+            return Err(Error::InvalidArgument(format!(
+                "workspace size {size:?} is over the node's maximum {}",
+                cfg.max_workspace_size
+            )));
+        }
+        if size_bytes < (8 << 20) {
+            return Err(Error::InvalidArgument(format!(
+                "workspace size {size:?} is under the minimum of 8Mi"
+            )));
+        }
         let storage_class = if req.storage_class.is_empty() {
             cfg.storage_class.clone()
         } else {
             req.storage_class.clone()
         };
+        if !cfg.storage_classes.contains_key(&storage_class) {
+            return Err(Error::InvalidArgument(format!(
+                "unknown storage_class {storage_class:?} (this node has: {})",
+                cfg.storage_classes
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         let max_runtime = req
             .max_runtime
             .unwrap_or(Duration::from_secs(cfg.default_max_runtime_secs));
@@ -538,6 +563,8 @@ impl Node {
         // the sandbox. Holding `ops` keeps a racing Destroy out until provisioning is done.
         let guard = sb.ops.lock().await;
         if let Err(e) = self.record(&sb).await {
+            let paths = self.paths(&sb.id);
+            let _ = blocking(move || volume::delete(&paths)).await;
             let mut t = self.table();
             t.by_id.remove(&sb.id);
             if t.by_session.get(&session_key) == Some(&sb.id) {
@@ -552,12 +579,23 @@ impl Node {
         Ok(sb)
     }
 
+    fn backend(&self, sb: &Sandbox) -> volume::Backend {
+        self.inner
+            .cfg
+            .storage_classes
+            .get(&sb.workspace.storage_class)
+            .copied()
+            .unwrap_or(volume::Backend::Dir)
+    }
+
     async fn record(&self, sb: &Sandbox) -> Result<()> {
         let paths = self.paths(&sb.id);
+        let backend = self.backend(sb);
+        let size = parse_size(&sb.workspace.size).unwrap_or(0);
         let p2 = paths.clone();
-        blocking(move || p2.create())
+        blocking(move || volume::create(&p2, backend, size))
             .await?
-            .map_err(|e| Error::Internal(format!("create workspace: {e}")))?;
+            .map_err(|e| Error::Internal(format!("create workspace volume: {e}")))?;
         // The spec written now is a placeholder; provisioning writes the real one once the
         // image is resolved (containers are immutable in spec only through Update, which we
         // avoid: the task is created from the spec we pass at container creation).
@@ -804,6 +842,8 @@ impl Node {
                 let _ = std::fs::remove_dir(d);
             }
             let _ = std::fs::remove_dir_all(&exec_dir);
+            // Soft delete: the volume is detached (unmounted, loop device released) and kept.
+            volume::detach(&paths).map_err(std::io::Error::other)?;
             std::fs::create_dir_all(&paths.base)?;
             let tmp = paths.tombstone.with_extension("tmp");
             std::fs::write(&tmp, serde_json::to_vec_pretty(&tomb).unwrap_or_default())?;
@@ -837,6 +877,19 @@ impl Node {
                 continue;
             };
             let sb = Arc::new(sb);
+            // Volumes of live sandboxes are mounted again after a reboot.
+            let paths = self.paths(&sb.id);
+            if let Err(e) = blocking(move || {
+                if volume::has_image(&paths) {
+                    volume::attach(&paths)
+                } else {
+                    Ok(())
+                }
+            })
+            .await?
+            {
+                warn!(sandbox_id = %sb.id, error = %e, "could not attach workspace volume");
+            }
             if sb.state().status == Status::Starting {
                 match rt.ctr.task_state(&sb.id, "").await? {
                     TaskState::Running | TaskState::Paused => sb.set_status(Status::Ready, ""),
@@ -863,22 +916,8 @@ impl Node {
             n += 1;
         }
         // Tombstones of destroyed sandboxes, for Describe and idempotent Destroy until GC.
-        let dir = self.inner.cfg.state_dir.join("workspaces");
-        let tombs = blocking(move || {
-            let mut out = Vec::new();
-            if let Ok(rd) = std::fs::read_dir(&dir) {
-                for e in rd.flatten() {
-                    let p = e.path().join("tombstone.json");
-                    if let Ok(raw) = workspace::read_small(&p, 1 << 20) {
-                        if let Ok(t) = serde_json::from_slice::<Tombstone>(&raw) {
-                            out.push(t);
-                        }
-                    }
-                }
-            }
-            out
-        })
-        .await?;
+        let dir = self.inner.cfg.state_dir.clone();
+        let tombs = blocking(move || gc::tombstones(&dir)).await?;
         let mut t = self.table();
         for tomb in tombs {
             if t.by_id.contains_key(&tomb.id) {

@@ -233,6 +233,15 @@ impl Drop for Daemon {
         for line in self.ctr(&["containers", "ls", "-q"]).lines() {
             let _ = self.ctr(&["containers", "rm", line]);
         }
+        // Workspace volumes the test left mounted.
+        if let Ok(rd) = std::fs::read_dir(self.state_dir().join("workspaces")) {
+            for e in rd.flatten() {
+                let data = e.path().join("data");
+                if computed::volume::is_mounted(&data) {
+                    let _ = Command::new("umount").arg(&data).status();
+                }
+            }
+        }
         for line in self.ctr(&["images", "ls", "-q"]).lines() {
             let _ = self.ctr(&["images", "rm", "--sync", line]);
         }

@@ -1,0 +1,201 @@
+//! Workspace volumes: the storage behind each sandbox's workspace, by storage class.
+//!
+//! * `ext4-loop`: a sparse file formatted as ext4 and loop-mounted at the workspace's data
+//!   directory. Its size is a hard cap: writes past it get ENOSPC (inside gVisor too), and one
+//!   sandbox can never fill the node's disk. Sparse, with lazy inode tables and journal
+//!   (`noinit_itable`), a fresh 5 GiB volume takes ~3 MB of disk.
+//! * `dir`: a plain directory with no size cap (for tests and trusted setups).
+//!
+//! All functions block (mkfs, mount); call them off the async runtime.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::workspace::Paths;
+
+/// Errors of volume operations.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A filesystem operation failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What we were doing.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// An external tool (mkfs, mount, umount) failed.
+    #[error("{tool} failed for {path}: {stderr}")]
+    Tool {
+        /// The tool.
+        tool: &'static str,
+        /// The volume.
+        path: PathBuf,
+        /// What it said.
+        stderr: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// A storage backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// A loop-mounted ext4 image with a hard size cap.
+    Ext4Loop,
+    /// A plain directory, no cap.
+    Dir,
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io { what, path, source }
+}
+
+fn run(tool: &'static str, cmd: &mut Command, path: &Path) -> Result<()> {
+    let out = cmd.output().map_err(io("run", Path::new(tool)))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Tool {
+            tool,
+            path: path.to_path_buf(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// The image file of an ext4-loop volume.
+pub fn image_path(paths: &Paths) -> PathBuf {
+    paths.base.join("volume.ext4")
+}
+
+/// Whether `dir` is a mount point (per this process's mountinfo).
+pub fn is_mounted(dir: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.display().to_string();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|mp| unescape_mountinfo(mp) == want)
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Creates the volume of a new sandbox and makes it available at `paths.data`.
+pub fn create(paths: &Paths, backend: Backend, size_bytes: u64) -> Result<()> {
+    paths.create().map_err(io("create", &paths.base))?;
+    match backend {
+        Backend::Dir => Ok(()),
+        Backend::Ext4Loop => {
+            let img = image_path(paths);
+            if !img.exists() {
+                let tmp = img.with_extension("tmp");
+                let f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+                f.set_len(size_bytes).map_err(io("size", &tmp))?;
+                drop(f);
+                let mut cmd = Command::new("mkfs.ext4");
+                cmd.args(["-q", "-F", "-m", "0", "-E"])
+                    .arg("lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0");
+                if size_bytes >= 1 << 30 {
+                    cmd.args(["-J", "size=32"]);
+                }
+                run("mkfs.ext4", cmd.arg(&tmp), &tmp)?;
+                std::fs::rename(&tmp, &img).map_err(io("rename", &img))?;
+                attach(paths)?;
+                // The sandbox sees the volume's root as its workspace: no lost+found there.
+                let lf = paths.data.join("lost+found");
+                std::fs::remove_dir(&lf).map_err(io("remove", &lf))?;
+                return Ok(());
+            }
+            attach(paths)
+        }
+    }
+}
+
+/// Mounts an ext4-loop volume at `paths.data` if it is not mounted (after a reboot, or before
+/// reading a soft-deleted one). `read_only` mounts it read-only.
+pub fn attach_with(paths: &Paths, read_only: bool) -> Result<()> {
+    if is_mounted(&paths.data) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&paths.data).map_err(io("create", &paths.data))?;
+    let img = image_path(paths);
+    let mut opts = String::from("loop,nosuid,nodev,noatime,noinit_itable");
+    if read_only {
+        opts.push_str(",ro");
+    }
+    run(
+        "mount",
+        Command::new("mount")
+            .args(["-t", "ext4", "-o", &opts])
+            .arg(&img)
+            .arg(&paths.data),
+        &img,
+    )
+}
+
+/// Mounts an ext4-loop volume read-write.
+pub fn attach(paths: &Paths) -> Result<()> {
+    attach_with(paths, false)
+}
+
+/// Unmounts the volume (ext4-loop); the loop device is released with it. Nothing for `dir`.
+pub fn detach(paths: &Paths) -> Result<()> {
+    if !is_mounted(&paths.data) {
+        return Ok(());
+    }
+    run(
+        "umount",
+        Command::new("umount").arg(&paths.data),
+        &paths.data,
+    )
+}
+
+/// Whether the sandbox's volume is an ext4-loop image.
+pub fn has_image(paths: &Paths) -> bool {
+    image_path(paths).exists()
+}
+
+/// Deletes a volume and everything of its workspace.
+pub fn delete(paths: &Paths) -> Result<()> {
+    detach(paths)?;
+    match std::fs::remove_dir_all(&paths.base) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io("remove", &paths.base)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert!(is_mounted(Path::new("/proc")));
+        assert!(!is_mounted(Path::new("/definitely/not/mounted")));
+    }
+
+    #[test]
+    fn dir_backend_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths::new(dir.path(), "x");
+        create(&paths, Backend::Dir, 1 << 20).unwrap();
+        assert!(paths.data.is_dir());
+        delete(&paths).unwrap();
+        assert!(!paths.base.exists());
+    }
+}
