@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use computed::cli::{self, image::ImageCmd};
+use computed::cli::{self, image::ImageCmd, trash::TrashCmd};
 
 #[derive(Parser)]
 #[command(
@@ -21,6 +21,14 @@ struct Args {
         default_value = "/run/containerd/containerd.sock"
     )]
     containerd: PathBuf,
+    /// The node's state directory (workspaces and their tombstones).
+    #[arg(
+        long,
+        global = true,
+        env = "COMPUTE_STATE_DIR",
+        default_value = "/var/lib/compute"
+    )]
+    state_dir: PathBuf,
     /// containerd namespace.
     #[arg(
         long,
@@ -35,6 +43,11 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Soft-deleted workspaces, until GC.
+    Trash {
+        #[command(subcommand)]
+        cmd: TrashCmd,
+    },
     /// Manage sandbox images.
     Image {
         #[command(subcommand)]
@@ -55,6 +68,7 @@ fn main() -> ExitCode {
     let res = rt.block_on(async move {
         match args.cmd {
             Cmd::Image { cmd } => cli::image::run(cmd, &args.containerd, &args.namespace).await,
+            Cmd::Trash { cmd } => cli::trash::run(cmd, &args.state_dir),
         }
     });
     match res {

@@ -1,6 +1,7 @@
 //! Command-line plumbing shared by `computed` and `computectl`: one file per verb.
 
 pub mod image;
+pub mod trash;
 
 /// Sets up `tracing` to stderr; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(json: bool) {

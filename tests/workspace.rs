@@ -1,0 +1,775 @@
+//! Workspaces end to end (real containerd + runsc): hostile paths, a swap race, size caps,
+//! large files, storage classes, soft delete and GC.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use computed::api::compute::v1 as pb;
+use pb::compute_service_client::ComputeServiceClient;
+use sha2::{Digest, Sha256};
+use tonic::transport::Channel;
+use tonic::Code;
+
+macro_rules! need {
+    () => {
+        if !prerequisites() {
+            return;
+        }
+    };
+}
+
+fn data_dir(d: &Daemon, id: &str) -> PathBuf {
+    d.state_dir().join("workspaces").join(id).join("data")
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Read,
+    Write,
+    Append,
+    List,
+}
+
+async fn run_op(
+    c: &mut ComputeServiceClient<Channel>,
+    id: &str,
+    op: Op,
+    path: &str,
+) -> Result<Vec<u8>, tonic::Status> {
+    match op {
+        Op::Read => c
+            .read_file(pb::ReadFileRequest {
+                sandbox_id: id.into(),
+                path: path.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().data),
+        Op::Write | Op::Append => c
+            .write_file(pb::WriteFileRequest {
+                sandbox_id: id.into(),
+                path: path.into(),
+                data: b"pwned".to_vec(),
+                append: matches!(op, Op::Append),
+                mode: 0,
+            })
+            .await
+            .map(|_| vec![]),
+        Op::List => c
+            .list_files(pb::ListFilesRequest {
+                sandbox_id: id.into(),
+                path: path.into(),
+                recursive: true,
+                max_entries: 0,
+            })
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .entries
+                    .into_iter()
+                    .map(|e| e.path)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+                    .into_bytes()
+            }),
+    }
+}
+
+/// Every file (path, content) under `dir`, not following symlinks.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file() {
+                out.push((e.path(), std::fs::read(e.path()).unwrap()));
+            } else {
+                out.push((e.path(), vec![]));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
+    need!();
+    let d = start("hostile", "");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "hostile")).await;
+    let sibling = ready_sandbox(&mut c, create_req("t", "sibling")).await;
+    let ws = data_dir(&d, &id);
+    let sib = data_dir(&d, &sibling);
+    std::fs::write(sib.join("secret"), b"sibling-secret").unwrap();
+
+    // Fixtures, made on the host exactly as a hostile sandbox would leave them.
+    std::fs::write(ws.join("data.txt"), b"inside").unwrap();
+    std::fs::create_dir_all(ws.join("nested/deep")).unwrap();
+    let links: &[(&str, &str)] = &[
+        ("link-root", "/"),
+        ("link-proc", "/proc/self/root"),
+        ("link-proc-rel", "../../../../proc/self/root"),
+        ("link-dev", "/dev/zero"),
+        ("link-etc", "/etc"),
+        ("link-tmp", "/tmp"),
+        ("link-dotdot", ".."),
+        ("link-sibling-rel", "../../SIB/data"),
+        ("chain1", "chain2"),
+        ("chain2", "chain3"),
+        ("chain3", "/"),
+        ("chain-in1", "chain-in2"),
+        ("chain-in2", "data.txt"),
+        ("loop-a", "loop-b"),
+        ("loop-b", "loop-a"),
+        ("self-loop", "self-loop"),
+        ("link-abs-inside", "/workspace/data.txt"),
+        ("link-abs-prefix", "/workspacex/data.txt"),
+        ("link-abs-dotdot", "/workspace/../etc/passwd"),
+        ("link-file-as-dir", "data.txt"),
+        ("nested/deep/link-up", "../../.."),
+        ("nested/deep/link-up-ok", "../../data.txt"),
+        ("link-win", "C:\\Windows\\system32"),
+    ];
+    for (name, target) in links {
+        let target = target.replace("SIB", &sibling);
+        symlink(&target, ws.join(name)).unwrap();
+    }
+    symlink(&sib, ws.join("link-sibling")).unwrap();
+    nix::unistd::mkfifo(
+        &ws.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    nix::sys::stat::mknod(
+        &ws.join("chardev"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(ws.join("socket")).unwrap();
+
+    // Canaries outside the workspace.
+    let outside = d.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("canary"), b"canary").unwrap();
+    let before_outside = snapshot(&outside);
+    let before_sibling = snapshot(&sib);
+    let before_state: Vec<_> = std::fs::read_dir(d.state_dir().join("workspaces"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+
+    let long_name = "x".repeat(300);
+    let deep = vec!["a"; 1000].join("/");
+    use Code::{FailedPrecondition, InvalidArgument, NotFound, PermissionDenied};
+    use Op::*;
+    let cases: Vec<(Op, String, Option<Code>)> = vec![
+        // `..` in every position.
+        (Read, "../x".into(), Some(InvalidArgument)),
+        (Read, "..".into(), Some(InvalidArgument)),
+        (Read, "a/../../x".into(), Some(InvalidArgument)),
+        (Read, "./../x".into(), Some(InvalidArgument)),
+        (Read, "a/b/../../../x".into(), Some(InvalidArgument)),
+        (Read, "/../x".into(), Some(InvalidArgument)),
+        (Read, "/workspace/../x".into(), Some(InvalidArgument)),
+        (Read, "nested/../../data.txt".into(), Some(InvalidArgument)),
+        (Write, "../escape".into(), Some(InvalidArgument)),
+        (Write, "newdir/../../escape".into(), Some(InvalidArgument)),
+        (Append, "../../escape".into(), Some(InvalidArgument)),
+        (List, "..".into(), Some(InvalidArgument)),
+        (List, "nested/../..".into(), Some(InvalidArgument)),
+        // Encoded or doubled separators are taken literally, never decoded.
+        (Read, "..%2fx".into(), Some(NotFound)),
+        (Read, "%2e%2e/x".into(), Some(NotFound)),
+        (Read, "..\\x".into(), Some(NotFound)),
+        (Read, "nested//deep/..//..//data.txt".into(), None),
+        // Absolute paths are relative to the workspace.
+        (Read, "/etc/passwd".into(), Some(NotFound)),
+        (Read, "/workspace/data.txt".into(), None),
+        (Read, "/data.txt".into(), None),
+        // Symlinks out of the workspace.
+        (Read, "link-root/etc/passwd".into(), Some(PermissionDenied)),
+        (Read, "link-root".into(), Some(PermissionDenied)),
+        (Write, "link-root/tmp/pwned".into(), Some(PermissionDenied)),
+        (Append, "link-root/tmp/pwned".into(), Some(PermissionDenied)),
+        (List, "link-root".into(), Some(PermissionDenied)),
+        (Read, "link-proc/etc/passwd".into(), Some(PermissionDenied)),
+        (
+            Read,
+            "link-proc-rel/etc/passwd".into(),
+            Some(PermissionDenied),
+        ),
+        (Read, "link-dev".into(), Some(PermissionDenied)),
+        (Read, "link-etc/passwd".into(), Some(PermissionDenied)),
+        (Write, "link-tmp/pwned".into(), Some(PermissionDenied)),
+        (
+            Read,
+            "link-dotdot/outside/canary".into(),
+            Some(PermissionDenied),
+        ),
+        (List, "link-dotdot".into(), Some(PermissionDenied)),
+        (Read, "link-sibling/secret".into(), Some(PermissionDenied)),
+        (Write, "link-sibling/secret".into(), Some(PermissionDenied)),
+        (
+            Read,
+            "link-sibling-rel/secret".into(),
+            Some(PermissionDenied),
+        ),
+        (Read, "link-abs-prefix".into(), Some(PermissionDenied)),
+        (Read, "link-abs-dotdot".into(), Some(PermissionDenied)),
+        (
+            Read,
+            "nested/deep/link-up/data.txt".into(),
+            Some(PermissionDenied),
+        ),
+        (
+            Write,
+            "nested/deep/link-up/pwned".into(),
+            Some(PermissionDenied),
+        ),
+        // Chains and loops.
+        (Read, "chain1/etc/passwd".into(), Some(PermissionDenied)),
+        (Write, "chain1/tmp/pwned".into(), Some(PermissionDenied)),
+        (Read, "chain-in1".into(), None),
+        (Read, "loop-a".into(), Some(InvalidArgument)),
+        (Read, "self-loop".into(), Some(InvalidArgument)),
+        (Write, "loop-a/x".into(), Some(InvalidArgument)),
+        // Links that stay inside are followed.
+        (Read, "link-abs-inside".into(), None),
+        (Read, "nested/deep/link-up-ok".into(), None),
+        (Read, "link-file-as-dir/x".into(), Some(FailedPrecondition)),
+        (Read, "link-win".into(), Some(NotFound)),
+        // Special files: refused, and a FIFO never blocks.
+        (Read, "fifo".into(), Some(FailedPrecondition)),
+        (Write, "fifo".into(), Some(FailedPrecondition)),
+        (Append, "fifo".into(), Some(FailedPrecondition)),
+        (Read, "chardev".into(), Some(FailedPrecondition)),
+        (Append, "chardev".into(), Some(FailedPrecondition)),
+        (Read, "socket".into(), Some(FailedPrecondition)),
+        (List, "fifo".into(), Some(FailedPrecondition)),
+        // Directories and the root.
+        (Read, "nested".into(), Some(FailedPrecondition)),
+        (Write, "nested".into(), Some(FailedPrecondition)),
+        (Write, "".into(), Some(FailedPrecondition)),
+        (Write, "/workspace".into(), Some(FailedPrecondition)),
+        // Malformed names.
+        (Read, "a\0b".into(), Some(InvalidArgument)),
+        (Write, "x\0/../../etc".into(), Some(InvalidArgument)),
+        (Read, long_name.clone(), Some(InvalidArgument)),
+        (Read, deep.clone(), Some(NotFound)),
+    ];
+    assert!(cases.len() >= 50, "{} cases", cases.len());
+    for (op, path, want) in &cases {
+        let got = tokio::time::timeout(Duration::from_secs(10), run_op(&mut c, &id, *op, path))
+            .await
+            .unwrap_or_else(|_| panic!("{op:?} {path:?} hung"));
+        match (want, got) {
+            (None, Ok(data)) => {
+                if matches!(op, Read) {
+                    assert_eq!(data, b"inside", "{op:?} {path:?}");
+                }
+            }
+            (None, Err(s)) => panic!("{op:?} {path:?}: expected success, got {s:?}"),
+            (Some(code), Ok(_)) => panic!("{op:?} {path:?}: expected {code:?}, got success"),
+            (Some(code), Err(s)) => assert_eq!(s.code(), *code, "{op:?} {path:?}: {}", s.message()),
+        }
+    }
+    // Nothing outside changed: the canaries, the sibling, the host's /tmp, the state dir.
+    assert_eq!(snapshot(&outside), before_outside);
+    assert_eq!(snapshot(&sib), before_sibling);
+    assert!(!Path::new("/tmp/pwned").exists());
+    let after_state: Vec<_> = std::fs::read_dir(d.state_dir().join("workspaces"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(before_state, after_state);
+    // A recursive listing never descends through a link.
+    let l = run_op(&mut c, &id, List, ".").await.unwrap();
+    let l = String::from_utf8(l).unwrap();
+    assert!(l.lines().any(|p| p == "link-root"));
+    assert!(!l
+        .lines()
+        .any(|p| p.starts_with("link-root/") || p.starts_with("link-etc/")));
+    // Hard links to files outside cannot be made from inside either (nor from the host: no
+    // RPC makes links).
+    let o = exec(
+        &mut c,
+        exec_req(&id, "ln", &["/etc/passwd", "/workspace/hardlink"]),
+    )
+    .await
+    .unwrap();
+    assert_ne!(
+        o.code(),
+        0,
+        "hard link across the workspace boundary must fail"
+    );
+    // setuid bits are never set from the host side.
+    c.write_file(pb::WriteFileRequest {
+        sandbox_id: id.clone(),
+        path: "suid".into(),
+        data: b"x".to_vec(),
+        mode: 0o4755,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(ws.join("suid"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o755
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
+    need!();
+    let d = start("race", "");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "race")).await;
+    let marker = format!("race-{}", uuid::Uuid::new_v4().simple());
+    // Inside: `d` flips between a real directory holding `f` and a symlink to `/`.
+    let swap = "cd /workspace; i=0; while [ $i -lt 100000 ]; do \
+                rm -rf d; mkdir d; echo inside > d/f; rm -rf d; ln -s / d; i=$((i+1)); done";
+    let mut sc = d.client().await;
+    let sid = id.clone();
+    let swapper = tokio::spawn(async move {
+        let mut req = exec_req(&sid, "sh", &["-c", swap]);
+        req.timeout = Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        });
+        let _ = exec(&mut sc, req).await;
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let host_etc_hostname = std::fs::read("/etc/hostname").unwrap_or_default();
+    let (mut ok_reads, mut ok_writes, mut denied) = (0, 0, 0);
+    for i in 0..2000 {
+        match run_op(&mut c, &id, Op::Read, "d/f").await {
+            Ok(data) => {
+                // `echo inside > d/f` may be caught between create and write: empty is fine.
+                assert!(
+                    b"inside\n".starts_with(&data),
+                    "read something that is not the workspace's: {data:?}"
+                );
+                ok_reads += 1;
+            }
+            Err(s) => {
+                assert!(
+                    matches!(
+                        s.code(),
+                        Code::PermissionDenied | Code::NotFound | Code::FailedPrecondition
+                    ),
+                    "{s:?}"
+                );
+                denied += 1;
+            }
+        }
+        match run_op(&mut c, &id, Op::Read, "d/etc/hostname").await {
+            Ok(data) => assert_ne!(data, host_etc_hostname, "read the host's /etc/hostname"),
+            Err(s) => assert!(
+                matches!(
+                    s.code(),
+                    Code::PermissionDenied | Code::NotFound | Code::FailedPrecondition
+                ),
+                "{s:?}"
+            ),
+        }
+        let path = format!("d/{marker}-{i}");
+        if c.write_file(pb::WriteFileRequest {
+            sandbox_id: id.clone(),
+            path,
+            data: b"w".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .is_ok()
+        {
+            ok_writes += 1;
+        }
+    }
+    swapper.abort();
+    // Nothing landed outside the workspace: not in the host's /, nor anywhere near the state.
+    for dir in [Path::new("/"), Path::new("/tmp"), d.dir.path()] {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            assert!(
+                !e.file_name().to_string_lossy().contains(&marker),
+                "escaped to {dir:?}"
+            );
+        }
+    }
+    eprintln!(
+        "race: {ok_reads} reads and {ok_writes} writes went through inside, {denied} refused"
+    );
+    assert!(ok_reads + denied == 2000);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn size_cap_holds_inside_and_from_writefile() {
+    need!();
+    let d = start("size", "");
+    let mut c = d.client().await;
+    let mut req = create_req("t", "size");
+    req.workspace = Some(pb::WorkspaceSpec {
+        size: "64Mi".into(),
+        ..Default::default()
+    });
+    let id = ready_sandbox(&mut c, req).await;
+    let host_free_before = nix::sys::statvfs::statvfs(d.state_dir().as_path()).unwrap();
+    let o = exec(
+        &mut c,
+        exec_req(
+            &id,
+            "dd",
+            &["if=/dev/zero", "of=/workspace/fill", "bs=1M", "count=200"],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_ne!(o.code(), 0, "dd past the cap must fail");
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(err.contains("No space left"), "{err}");
+    let size: u64 = sh(&mut c, &id, "wc -c < /workspace/fill")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(size <= 64 << 20 && size > 40 << 20, "filled {size} bytes");
+    // WriteFile on the full volume: RESOURCE_EXHAUSTED.
+    let r = c
+        .write_file(pb::WriteFileRequest {
+            sandbox_id: id.clone(),
+            path: "more".into(),
+            data: vec![1; 8 << 20],
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.unwrap_err().code(), Code::ResourceExhausted);
+    // The node's own disk did not fill: the host free space moved by at most the cap.
+    let host_free_after = nix::sys::statvfs::statvfs(d.state_dir().as_path()).unwrap();
+    let used = (host_free_before.blocks_available() as i128
+        - host_free_after.blocks_available() as i128)
+        * host_free_after.fragment_size() as i128;
+    assert!(used < 80 << 20, "host disk used {used}");
+    // Freeing space inside makes WriteFile work again.
+    sh(&mut c, &id, "rm /workspace/fill").await;
+    c.write_file(pb::WriteFileRequest {
+        sandbox_id: id.clone(),
+        path: "more".into(),
+        data: vec![1; 8 << 20],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn large_files_in_16mib_chunks_round_trip() {
+    need!();
+    let d = start("large", "");
+    let mut c = d.client().await;
+    let id = c
+        .create_sandbox(create_req("t", "large"))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    // File RPCs work while the sandbox is still STARTING.
+    let mut want = Sha256::new();
+    for i in 0..4u8 {
+        let chunk: Vec<u8> = (0..(16usize << 20))
+            .map(|j| (j as u8) ^ i.wrapping_mul(37))
+            .collect();
+        want.update(&chunk);
+        let w = c
+            .write_file(pb::WriteFileRequest {
+                sandbox_id: id.clone(),
+                path: "big/file.bin".into(),
+                data: chunk,
+                append: i > 0,
+                mode: 0o600,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(w.bytes_written, 16 << 20);
+    }
+    let want = hex::encode(want.finalize());
+    let mut got = Sha256::new();
+    let mut offset = 0i64;
+    loop {
+        let r = c
+            .read_file(pb::ReadFileRequest {
+                sandbox_id: id.clone(),
+                path: "big/file.bin".into(),
+                offset,
+                max_bytes: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.total_size, 64 << 20);
+        assert!(r.data.len() <= 16 << 20);
+        got.update(&r.data);
+        offset += r.data.len() as i64;
+        if r.eof {
+            break;
+        }
+    }
+    assert_eq!(offset, 64 << 20);
+    assert_eq!(hex::encode(got.finalize()), want);
+    // The sandbox sees the same bytes.
+    let inside = sh(&mut c, &id, "sha256sum /workspace/big/file.bin").await;
+    assert!(inside.starts_with(&want), "{inside} vs {want}");
+    // max_bytes and offset.
+    let r = c
+        .read_file(pb::ReadFileRequest {
+            sandbox_id: id.clone(),
+            path: "big/file.bin".into(),
+            offset: (64 << 20) - 10,
+            max_bytes: 100,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.data.len(), 10);
+    assert!(r.eof);
+    // ListFiles: every FileEntry field, max_entries and truncated.
+    for i in 0..30 {
+        c.write_file(pb::WriteFileRequest {
+            sandbox_id: id.clone(),
+            path: format!("many/f{i:02}"),
+            data: vec![b'x'; i],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let l = c
+        .list_files(pb::ListFilesRequest {
+            sandbox_id: id.clone(),
+            path: "many".into(),
+            recursive: false,
+            max_entries: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(l.truncated);
+    assert_eq!(l.entries.len(), 10);
+    let e = &l.entries[3];
+    assert_eq!(e.path, "f03");
+    assert_eq!(e.size, 3);
+    assert!(!e.is_dir);
+    assert_eq!(e.mode, 0o644);
+    assert!(e.modified_at.as_ref().unwrap().seconds > 1_700_000_000);
+    let l = c
+        .list_files(pb::ListFilesRequest {
+            sandbox_id: id.clone(),
+            path: "/workspace".into(),
+            recursive: true,
+            max_entries: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!l.truncated);
+    assert!(l
+        .entries
+        .iter()
+        .any(|e| e.path == "big" && e.is_dir && e.size == 0));
+    assert!(l
+        .entries
+        .iter()
+        .any(|e| e.path == "big/file.bin" && e.mode == 0o600));
+    assert!(l.entries.iter().any(|e| e.path == "many/f29"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn storage_classes_mount_paths_and_sparse_volumes() {
+    need!();
+    let d = start("classes", "");
+    let mut c = d.client().await;
+    let mut bad = create_req("t", "bad-class");
+    bad.workspace = Some(pb::WorkspaceSpec {
+        storage_class: "gold".into(),
+        ..Default::default()
+    });
+    assert_eq!(
+        c.create_sandbox(bad).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    for mp in ["relative", "/a/../b", "/a//b", "/", "/proc"] {
+        let mut bad = create_req("t", "bad-mount");
+        bad.workspace = Some(pb::WorkspaceSpec {
+            mount_path: mp.into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            c.create_sandbox(bad).await.unwrap_err().code(),
+            Code::InvalidArgument,
+            "{mp}"
+        );
+    }
+    // `local`: a plain directory.
+    let mut req = create_req("t", "local");
+    req.workspace = Some(pb::WorkspaceSpec {
+        storage_class: "local".into(),
+        mount_path: "/home/user/work".into(),
+        ..Default::default()
+    });
+    let local = ready_sandbox(&mut c, req).await;
+    assert!(!d
+        .state_dir()
+        .join("workspaces")
+        .join(&local)
+        .join("volume.ext4")
+        .exists());
+    assert_eq!(
+        sh(&mut c, &local, "pwd; echo hi > f; cat /home/user/work/f").await,
+        "/home/user/work\nhi\n"
+    );
+    let r = c
+        .read_file(pb::ReadFileRequest {
+            sandbox_id: local.clone(),
+            path: "/home/user/work/f".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.data, b"hi\n");
+    // `standard` (the default): sparse 5 GiB ext4 volumes.
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(ready_sandbox(&mut c, create_req("t", &format!("sparse{i}"))).await);
+    }
+    use std::os::unix::fs::MetadataExt;
+    for id in &ids {
+        let img = d
+            .state_dir()
+            .join("workspaces")
+            .join(id)
+            .join("volume.ext4");
+        let m = std::fs::metadata(&img).unwrap();
+        assert_eq!(m.len(), 5 << 30, "apparent size is the requested size");
+        assert!(
+            m.blocks() * 512 < 32 << 20,
+            "{} bytes allocated for an empty volume",
+            m.blocks() * 512
+        );
+        let df = sh(&mut c, id, "df -k /workspace | tail -1").await;
+        let total_kb: u64 = df.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(total_kb > 4_500_000 && total_kb <= 5 << 20, "{df}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn soft_delete_then_gc_after_the_grace_period() {
+    need!();
+    let mut d = start("gc", "workspace_grace_secs = 4\ngc_interval_secs = 0");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "gc")).await;
+    let keep = ready_sandbox(&mut c, create_req("t", "gc-live")).await;
+    sh(&mut c, &id, "echo precious > /workspace/notes.txt").await;
+    c.destroy_sandbox(pb::DestroySandboxRequest {
+        sandbox_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    let base = d.state_dir().join("workspaces").join(&id);
+    let state_dir = d.state_dir();
+    let config = d.config.clone();
+    let computectl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_computectl"))
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let computed_gc = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_computed"))
+            .arg("--config")
+            .arg(&config)
+            .arg("gc")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Operators see it in the trash and can read it.
+    let (ok, out, _) = computectl(&["trash", "ls"]);
+    assert!(ok && out.contains(&id));
+    let (ok, out, err) = computectl(&["trash", "cat", &id, "notes.txt"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "precious\n");
+    let (ok, _, _) = computectl(&["trash", "cat", &id, "../../etc/passwd"]);
+    assert!(!ok);
+    // Not expired: GC deletes nothing, also across a daemon restart.
+    assert!(computed_gc().contains("0 workspace(s)"));
+    d.kill9();
+    d.spawn();
+    let mut c = d.client().await;
+    assert!(base.join("volume.ext4").exists());
+    assert!(base.join("tombstone.json").exists());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let out = computed_gc();
+    assert!(out.contains(&format!("freed {id}")), "{out}");
+    assert!(!base.exists(), "expired workspace deleted");
+    // A live sandbox's workspace is never collected.
+    assert!(d
+        .state_dir()
+        .join("workspaces")
+        .join(&keep)
+        .join("volume.ext4")
+        .exists());
+    assert_eq!(sh(&mut c, &keep, "echo alive").await, "alive\n");
+    drop(c);
+    // The daemon's own loop: destroy, then watch it free the workspace and forget the sandbox.
+    let mut d2 = start("gcloop", "workspace_grace_secs = 1\ngc_interval_secs = 1");
+    let mut c2 = d2.client().await;
+    let id2 = ready_sandbox(&mut c2, create_req("t", "gcloop")).await;
+    c2.destroy_sandbox(pb::DestroySandboxRequest {
+        sandbox_id: id2.clone(),
+    })
+    .await
+    .unwrap();
+    let base2 = d2.state_dir().join("workspaces").join(&id2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while base2.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "GC loop never freed the workspace"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(d2.log_text().contains("GC freed workspace"));
+    let r = c2
+        .describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: id2.clone(),
+        })
+        .await;
+    assert_eq!(r.unwrap_err().code(), Code::NotFound);
+    d2.kill9();
+}
