@@ -86,6 +86,9 @@ pub async fn serve(
         .max_encoding_message_size(MAX_MESSAGE);
 
     let router = Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            undecodable_is_invalid_argument as fn(_) -> _,
+        ))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -133,6 +136,27 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// A request that does not decode (e.g. a string field holding invalid UTF-8) is the caller's
+/// error: tonic answers INTERNAL, as gRPC's table does for parse errors; we answer
+/// INVALID_ARGUMENT, the code our API gives every other malformed input.
+fn undecodable_is_invalid_argument(
+    mut resp: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let h = resp.headers();
+    let internal = h.get("grpc-status").is_some_and(|v| v == "13");
+    let decode = h
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|m| {
+            m.starts_with("failed%20to%20decode") || m.starts_with("failed to decode")
+        });
+    if internal && decode {
+        resp.headers_mut()
+            .insert("grpc-status", http::HeaderValue::from_static("3"));
+    }
+    resp
 }
 
 fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, Error> {

@@ -762,6 +762,21 @@ mod tests {
     }
 
     #[test]
+    fn listing_caps_at_ten_thousand() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..(MAX_LIST + 5) {
+            std::fs::write(dir.path().join(format!("f{i:05}")), b"").unwrap();
+        }
+        let ws = Workspace::open(dir.path(), "/workspace").unwrap();
+        let (e, truncated) = ws.list(".", false, 50_000).unwrap();
+        assert_eq!(e.len(), MAX_LIST);
+        assert!(truncated);
+        let (e, truncated) = ws.list(".", false, 0).unwrap();
+        assert_eq!(e.len(), DEFAULT_LIST);
+        assert!(truncated);
+    }
+
+    #[test]
     fn oversized_write_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let ws = Workspace::open(dir.path(), "/workspace").unwrap();

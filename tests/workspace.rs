@@ -100,6 +100,37 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// ReadFileRequest with `path` as raw bytes, to send what a `string` cannot hold.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawReadFileRequest {
+    #[prost(string, tag = "1")]
+    sandbox_id: String,
+    #[prost(bytes = "vec", tag = "2")]
+    path: Vec<u8>,
+}
+
+async fn raw_read(addr: &str, id: &str, path: &[u8]) -> tonic::Status {
+    let ch = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<RawReadFileRequest, pb::ReadFileResponse>::default();
+    let req = tonic::Request::new(RawReadFileRequest {
+        sandbox_id: id.into(),
+        path: path.to_vec(),
+    });
+    grpc.unary(
+        req,
+        http::uri::PathAndQuery::from_static("/compute.v1.ComputeService/ReadFile"),
+        codec,
+    )
+    .await
+    .expect_err("invalid UTF-8 must be refused")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
     need!();
@@ -295,6 +326,13 @@ async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
         .map(|e| e.file_name())
         .collect();
     assert_eq!(before_state, after_state);
+    // Invalid UTF-8 in a path is the caller's error.
+    for bad in [&b"\xff\xfe"[..], b"ok/\xc0\xaf../etc", b"\xed\xa0\x80"] {
+        assert_eq!(
+            raw_read(&d.addr, &id, bad).await.code(),
+            Code::InvalidArgument
+        );
+    }
     // A recursive listing never descends through a link.
     let l = run_op(&mut c, &id, List, ".").await.unwrap();
     let l = String::from_utf8(l).unwrap();
@@ -772,4 +810,61 @@ async fn soft_delete_then_gc_after_the_grace_period() {
         .await;
     assert_eq!(r.unwrap_err().code(), Code::NotFound);
     d2.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reader_never_sees_a_torn_write() {
+    need!();
+    let d = start("atomic", "");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "atomic")).await;
+    let write = |c: &mut ComputeServiceClient<Channel>, b: u8| {
+        let req = pb::WriteFileRequest {
+            sandbox_id: id.clone(),
+            path: "f".into(),
+            data: vec![b; 4 << 20],
+            ..Default::default()
+        };
+        let mut c = c.clone();
+        async move { c.write_file(req).await.unwrap() }
+    };
+    write(&mut c, b'A').await;
+    let mut wc = d.client().await;
+    let writer = tokio::spawn({
+        let id = id.clone();
+        async move {
+            for i in 0..60u32 {
+                let b = if i % 2 == 0 { b'B' } else { b'A' };
+                wc.write_file(pb::WriteFileRequest {
+                    sandbox_id: id.clone(),
+                    path: "f".into(),
+                    data: vec![b; 4 << 20],
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        }
+    });
+    let mut reads = 0;
+    let mut seen = std::collections::HashSet::new();
+    while !writer.is_finished() {
+        let r = c
+            .read_file(pb::ReadFileRequest {
+                sandbox_id: id.clone(),
+                path: "f".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.data.len(), 4 << 20, "a read saw a partial file");
+        let first = r.data[0];
+        assert!(r.data.iter().all(|b| *b == first), "a read saw a torn mix");
+        seen.insert(first);
+        reads += 1;
+    }
+    writer.await.unwrap();
+    assert!(reads > 5, "only {reads} reads overlapped the writes");
+    assert_eq!(seen.len(), 2, "both versions were observed");
 }
