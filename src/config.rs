@@ -101,6 +101,10 @@ pub struct Config {
     pub cancel_grace_secs: u64,
     /// How often running execs sample the sandbox cgroup, in milliseconds.
     pub sample_interval_ms: u64,
+    /// How often an idle sandbox is sampled for its lifetime memory average, in milliseconds.
+    pub meter_interval_ms: u64,
+    /// How often a sandbox's meter state is written to its container labels, in seconds.
+    pub usage_persist_secs: u64,
     /// How long a destroyed sandbox's workspace is kept, in seconds.
     pub workspace_grace_secs: u64,
     /// The cgroup filesystem root.
@@ -152,6 +156,8 @@ impl Default for Config {
             exec_timeout_cap_secs: 600,
             cancel_grace_secs: 10,
             sample_interval_ms: 20,
+            meter_interval_ms: 2000,
+            usage_persist_secs: 30,
             workspace_grace_secs: 24 * 3600,
             cgroup_root: "/sys/fs/cgroup".into(),
             cgroup_parent: "compute".into(),

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, instrument, warn};
 
 use super::{blocking, Error, Node, Sandbox};
-use crate::metering::{MemoryWindow, Usage};
+use crate::metering::Usage;
 use crate::runtime::{spec, ExecIo, TaskState};
 
 type Result<T> = std::result::Result<T, Error>;
@@ -260,10 +260,18 @@ impl Node {
             .min(Duration::from_secs(cfg.exec_timeout_cap_secs));
 
         let cg = self.cgroup(&sb.id);
-        let cg0 = cg.clone();
-        let first = blocking(move || cg0.sample()).await?.ok();
-        let cpu0 = first.map(|s| s.cpu_ns).unwrap_or(0);
-        let mut window = MemoryWindow::new(first.map(|s| s.working_set).unwrap_or(0));
+        let meter = sb.meter.clone();
+        let meter_id = blocking(move || meter.begin_exec()).await?;
+        // Whatever happens next, the exec is taken off the meter's books.
+        struct EndOnDrop(Option<(std::sync::Arc<crate::metering::meter::Meter>, u64)>);
+        impl Drop for EndOnDrop {
+            fn drop(&mut self) {
+                if let Some((m, id)) = self.0.take() {
+                    tokio::task::spawn_blocking(move || m.end_exec(id));
+                }
+            }
+        }
+        let mut metered = EndOnDrop(Some((sb.meter.clone(), meter_id)));
 
         ctr.exec(
             &sb.id,
@@ -316,10 +324,8 @@ impl Node {
                 _ = tx.closed() => break Ending::Cancelled,
                 _ = &mut deadline => break Ending::TimedOut,
                 _ = ticker.tick() => {
-                    let c = cg.clone();
-                    if let Ok(Ok(ws)) = blocking(move || c.working_set()).await {
-                        window.add(ws);
-                        sb.note_peak(ws);
+                    let m = sb.meter.clone();
+                    if let Ok(Some(ws)) = blocking(move || m.tick()).await {
                         if ws > limit {
                             break Ending::Oom;
                         }
@@ -386,14 +392,9 @@ impl Node {
         let _ = tokio::time::timeout(drain, p_err).await;
         let _ = ctr.delete_process(&sb.id, &exec_id).await;
 
-        let c = cg.clone();
-        let last = blocking(move || c.sample()).await?.ok();
-        if let Some(s) = last {
-            window.add(s.working_set);
-        }
-        let cpu_ms = last
-            .map(|s| s.cpu_ns.saturating_sub(cpu0) / 1_000_000)
-            .unwrap_or(0);
+        let (m, id) = metered.0.take().expect("exec is metered");
+        let usage = blocking(move || m.end_exec(id)).await?;
+        let cpu_ms = usage.cpu_ms;
         drop(io);
         info!(exec_id = %exec_id, exit_code, cancelled, timed_out, oom_killed,
               wall_ms = wall_time.as_millis() as u64, cpu_ms, "exec completed");
@@ -403,12 +404,7 @@ impl Node {
             cancelled,
             timed_out,
             oom_killed,
-            usage: Usage {
-                cpu_ms,
-                memory_peak_bytes: window.peak(),
-                memory_avg_bytes: window.average(),
-                ..Default::default()
-            },
+            usage,
         })
     }
 }

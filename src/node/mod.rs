@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tracing::{info, instrument, warn};
 
 use crate::config::{parse_size, Config};
+use crate::metering::meter::{Meter, Persisted};
 use crate::metering::{CgroupVersion, SandboxCgroup, Usage};
 use crate::runtime::{image, spec, Runtime, SandboxLaunch, TaskState};
 use crate::{volume, workspace};
@@ -132,8 +133,8 @@ pub struct Sandbox {
     state: watch::Sender<State>,
     /// Serialises provisioning and teardown.
     ops: tokio::sync::Mutex<()>,
-    /// Highest memory working set any exec saw (the cgroup's own peak counts page cache).
-    peak_seen: std::sync::atomic::AtomicU64,
+    /// The sandbox's meter.
+    pub meter: Arc<Meter>,
 }
 
 impl Sandbox {
@@ -153,11 +154,6 @@ impl Sandbox {
             s.status = status;
             s.reason = reason.to_string();
         });
-    }
-
-    fn note_peak(&self, v: u64) {
-        self.peak_seen
-            .fetch_max(v, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn labels(&self) -> HashMap<String, String> {
@@ -183,7 +179,11 @@ impl Sandbox {
         ])
     }
 
-    fn from_labels(id: &str, l: &HashMap<String, String>) -> Option<Self> {
+    fn from_labels(
+        id: &str,
+        l: &HashMap<String, String>,
+        meter: impl FnOnce(Persisted) -> Arc<Meter>,
+    ) -> Option<Self> {
         let get = |k: &str| l.get(&label(k)).cloned();
         get("sandbox")?;
         let created_at: SystemTime = chrono::DateTime::parse_from_rfc3339(&get("created-at")?)
@@ -218,7 +218,11 @@ impl Sandbox {
             })
             .0,
             ops: tokio::sync::Mutex::new(()),
-            peak_seen: Default::default(),
+            meter: meter(
+                get("usage")
+                    .and_then(|u| serde_json::from_str(&u).ok())
+                    .unwrap_or_default(),
+            ),
         })
     }
 }
@@ -534,8 +538,9 @@ impl Node {
                     return Ok(existing.clone());
                 }
             }
+            let id = uuid::Uuid::new_v4().to_string();
             let sb = Arc::new(Sandbox {
-                id: uuid::Uuid::new_v4().to_string(),
+                id: id.clone(),
                 tenant_id: req.tenant_id.clone(),
                 session_id: req.session_id.clone(),
                 image,
@@ -553,7 +558,7 @@ impl Node {
                 })
                 .0,
                 ops: tokio::sync::Mutex::new(()),
-                peak_seen: Default::default(),
+                meter: self.meter_for(&id, Persisted::default()),
             });
             t.by_session.insert(session_key.clone(), sb.id.clone());
             t.by_id.insert(sb.id.clone(), sb.clone());
@@ -576,6 +581,7 @@ impl Node {
         info!(sandbox_id = %sb.id, image = %sb.image, "sandbox created");
         self.spawn_provision(sb.clone());
         self.spawn_deadline(sb.clone());
+        self.spawn_meter(sb.clone());
         Ok(sb)
     }
 
@@ -777,28 +783,50 @@ impl Node {
         if let Some(u) = sb.state().final_usage {
             return u;
         }
-        let cg = self.cgroup(&sb.id);
-        let sample = blocking(move || cg.sample())
-            .await
-            .ok()
-            .and_then(|r| r.ok());
-        match sample {
-            Some(s) => {
-                sb.note_peak(s.working_set);
-                Usage {
-                    cpu_ms: s.cpu_ns / 1_000_000,
-                    memory_peak_bytes: sb
-                        .peak_seen
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                        .max(s.working_set),
-                    memory_avg_bytes: s.working_set,
-                    ..Default::default()
+        let meter = sb.meter.clone();
+        blocking(move || meter.lifetime()).await.unwrap_or_default()
+    }
+
+    fn meter_for(&self, id: &str, persisted: Persisted) -> Arc<Meter> {
+        Arc::new(Meter::new(self.cgroup(id), self.paths(id).data, persisted))
+    }
+
+    /// Samples a sandbox every `meter_interval_secs` (for its lifetime memory average and
+    /// peaks between execs) and writes its meter state to the container labels every
+    /// `usage_persist_secs`, so usage survives a daemon restart.
+    fn spawn_meter(&self, sb: Arc<Sandbox>) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let cfg = &node.inner.cfg;
+            let every = Duration::from_millis(cfg.meter_interval_ms.max(100));
+            let persist_every = Duration::from_secs(cfg.usage_persist_secs.max(1));
+            let mut last_persist = std::time::Instant::now();
+            loop {
+                tokio::time::sleep(every).await;
+                if sb.state().status == Status::Destroyed {
+                    return;
+                }
+                let meter = sb.meter.clone();
+                let _ = blocking(move || meter.tick()).await;
+                if last_persist.elapsed() >= persist_every {
+                    last_persist = std::time::Instant::now();
+                    node.persist_usage(&sb).await;
                 }
             }
-            None => Usage {
-                memory_peak_bytes: sb.peak_seen.load(std::sync::atomic::Ordering::Relaxed),
-                ..Default::default()
-            },
+        });
+    }
+
+    async fn persist_usage(&self, sb: &Sandbox) {
+        let meter = sb.meter.clone();
+        let Ok(p) = blocking(move || meter.persisted()).await else {
+            return;
+        };
+        let Ok(json) = serde_json::to_string(&p) else {
+            return;
+        };
+        let labels = HashMap::from([(label("usage"), json)]);
+        if let Err(e) = self.inner.rt.ctr.set_labels(&sb.id, labels).await {
+            tracing::debug!(sandbox_id = %sb.id, error = %e, "could not persist usage");
         }
     }
 
@@ -812,6 +840,10 @@ impl Node {
         if let Some(u) = sb.state().final_usage {
             return Ok((sb, u));
         }
+        // Flush the workspace so that every byte written is counted, then take the final
+        // reading while the cgroup still exists.
+        let data = self.paths(&sb.id).data;
+        let _ = blocking(move || crate::metering::disk::flush(&data)).await;
         let usage = self.usage(&sb).await;
         self.inner.rt.teardown(&sb.id).await?;
         let cg = self.cgroup(&sb.id);
@@ -873,22 +905,28 @@ impl Node {
         let containers = rt.ctr.list_containers().await?;
         let mut n = 0;
         for c in containers {
-            let Some(sb) = Sandbox::from_labels(&c.id, &c.labels) else {
+            let Some(sb) = Sandbox::from_labels(&c.id, &c.labels, |p| self.meter_for(&c.id, p))
+            else {
                 continue;
             };
             let sb = Arc::new(sb);
             // Volumes of live sandboxes are mounted again after a reboot.
             let paths = self.paths(&sb.id);
-            if let Err(e) = blocking(move || {
-                if volume::has_image(&paths) {
-                    volume::attach(&paths)
+            match blocking(move || {
+                if volume::has_image(&paths) && !volume::is_mounted(&paths.data) {
+                    volume::attach(&paths).map(|_| true)
                 } else {
-                    Ok(())
+                    Ok(false)
                 }
             })
             .await?
             {
-                warn!(sandbox_id = %sb.id, error = %e, "could not attach workspace volume");
+                // A fresh loop device counts from zero again.
+                Ok(true) => sb.meter.rebase_disk(),
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(sandbox_id = %sb.id, error = %e, "could not attach workspace volume")
+                }
             }
             if sb.state().status == Status::Starting {
                 match rt.ctr.task_state(&sb.id, "").await? {
@@ -912,7 +950,8 @@ impl Node {
                 Status::Ready => self.spawn_exit_watch(sb.clone()),
                 _ => {}
             }
-            self.spawn_deadline(sb);
+            self.spawn_deadline(sb.clone());
+            self.spawn_meter(sb);
             n += 1;
         }
         // Tombstones of destroyed sandboxes, for Describe and idempotent Destroy until GC.
@@ -941,7 +980,7 @@ impl Node {
                 })
                 .0,
                 ops: tokio::sync::Mutex::new(()),
-                peak_seen: Default::default(),
+                meter: self.meter_for(&tomb.id, Persisted::default()),
             };
             t.by_id.insert(tomb.id, Arc::new(sb));
         }
@@ -983,6 +1022,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn mount_paths() {
@@ -1011,6 +1051,11 @@ mod tests {
         assert!(parse_id("").is_err());
     }
 
+    fn meter(p: Persisted) -> Arc<Meter> {
+        let cg = SandboxCgroup::new(Path::new("/nonexistent"), CgroupVersion::V1, "x");
+        Arc::new(Meter::new(cg, "/nonexistent".into(), p))
+    }
+
     #[test]
     fn labels_round_trip() {
         let sb = Sandbox {
@@ -1036,19 +1081,30 @@ mod tests {
             })
             .0,
             ops: tokio::sync::Mutex::new(()),
-            peak_seen: Default::default(),
+            meter: meter(Persisted::default()),
         };
         let mut l = sb.labels();
-        let back = Sandbox::from_labels(&sb.id, &l).unwrap();
+        let persisted = Persisted {
+            peak: 7,
+            ..Default::default()
+        };
+        l.insert(label("usage"), serde_json::to_string(&persisted).unwrap());
+        let mut got = None;
+        let back = Sandbox::from_labels(&sb.id, &l, |p| {
+            got = Some(p);
+            meter(p)
+        })
+        .unwrap();
+        assert_eq!(got, Some(persisted));
         assert_eq!(back.limits, sb.limits);
         assert_eq!(back.workspace, sb.workspace);
         assert_eq!(back.created_at, sb.created_at);
         assert_eq!(back.state().status, Status::Starting);
         l.insert(label("status"), "failed".into());
         l.insert(label("reason"), "boom".into());
-        let back = Sandbox::from_labels(&sb.id, &l).unwrap();
+        let back = Sandbox::from_labels(&sb.id, &l, meter).unwrap();
         assert_eq!(back.state().status, Status::Failed);
         assert_eq!(back.state().reason, "boom");
-        assert!(Sandbox::from_labels("x", &HashMap::new()).is_none());
+        assert!(Sandbox::from_labels("x", &HashMap::new(), meter).is_none());
     }
 }

@@ -6,6 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod disk;
+pub mod meter;
+
 /// Errors of metering reads.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -141,6 +144,16 @@ impl SandboxCgroup {
         }
     }
 
+    /// The pids in the cgroup.
+    pub fn procs(&self) -> Result<Vec<i32>> {
+        let p = self.file("memory", "cgroup.procs");
+        let s = std::fs::read_to_string(&p).map_err(|e| Error::Read {
+            path: p.clone(),
+            why: e.to_string(),
+        })?;
+        Ok(s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
     /// Whether the cgroup exists (the sandbox is running).
     pub fn exists(&self) -> bool {
         self.file("memory", "").exists()
@@ -221,6 +234,11 @@ impl MemoryWindow {
         self.last = now;
         self.last_value = value;
         self.peak = self.peak.max(value);
+    }
+
+    /// (Σ value × µs, µs covered) so far.
+    pub fn parts(&self) -> (u128, u128) {
+        (self.weighted, self.last.duration_since(self.start).as_micros())
     }
 
     /// The peak so far.

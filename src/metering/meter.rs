@@ -1,0 +1,256 @@
+//! The per-sandbox meter: turns cgroup and disk counters into per-exec, cumulative and lifetime
+//! usage.
+//!
+//! Every tick reads the counters once and splits the deltas since the previous tick equally
+//! among the execs running during it; deltas while no exec runs belong to the sandbox alone.
+//! So the per-exec numbers of a sandbox never add up to more than its total. Memory is sampled
+//! on the same ticks: the sandbox's peak and time-weighted average working set over its
+//! lifetime, and per exec the peak and average of what the sandbox held *above* its level when
+//! the exec started (what the exec added: a `true` right after a 256 MiB job reports a small
+//! peak even while gVisor is still returning that memory to the host).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::disk::{self, DiskSource};
+use super::{MemoryWindow, SandboxCgroup, Usage};
+
+/// What survives a daemon restart (kept in the sandbox's container labels).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Persisted {
+    /// Lifetime peak working set.
+    pub peak: u64,
+    /// Σ working set × µs, for the lifetime average.
+    pub weighted: u128,
+    /// µs covered by `weighted`.
+    pub span_us: u128,
+    /// Disk bytes counted before the current device counters started (after a reattach).
+    pub disk_read_base: u64,
+    /// Likewise for writes.
+    pub disk_write_base: u64,
+    /// Highest lifetime CPU reported, in ns (monotonic guard).
+    pub cpu_ns: u64,
+    /// Highest lifetime disk bytes reported (monotonic guard).
+    pub disk_read: u64,
+    /// Likewise for writes.
+    pub disk_write: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Raw {
+    cpu_ns: u64,
+    ws: u64,
+    read: u64,
+    write: u64,
+}
+
+#[derive(Debug)]
+struct ExecAcc {
+    cpu_ns: u64,
+    read: u64,
+    write: u64,
+    start_ws: u64,
+    mem: MemoryWindow,
+}
+
+#[derive(Debug)]
+struct State {
+    last: Option<Raw>,
+    lifetime_mem: Option<MemoryWindow>,
+    persisted: Persisted,
+    execs: HashMap<u64, ExecAcc>,
+    next_id: u64,
+}
+
+/// The meter of one sandbox. Methods block (file reads): call them off the async runtime.
+#[derive(Debug)]
+pub struct Meter {
+    cg: SandboxCgroup,
+    data_dir: PathBuf,
+    disk: Mutex<Option<DiskSource>>,
+    state: Mutex<State>,
+}
+
+impl Meter {
+    /// A meter over the sandbox's cgroup and its workspace mounted at `data_dir`, continuing
+    /// from `persisted`.
+    pub fn new(cg: SandboxCgroup, data_dir: PathBuf, persisted: Persisted) -> Self {
+        Self {
+            cg,
+            data_dir,
+            disk: Mutex::new(None),
+            state: Mutex::new(State {
+                last: None,
+                lifetime_mem: None,
+                persisted,
+                execs: HashMap::new(),
+                next_id: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn disk_source(&self) -> DiskSource {
+        let mut d = self.disk.lock().unwrap_or_else(|p| p.into_inner());
+        d.get_or_insert_with(|| DiskSource::for_workspace(&self.data_dir, &self.cg))
+            .clone()
+    }
+
+    fn read_raw(&self) -> Option<Raw> {
+        let s = self.cg.sample().ok()?;
+        let (read, write) = self.disk_source().read().unwrap_or((0, 0));
+        Some(Raw {
+            cpu_ns: s.cpu_ns,
+            ws: s.working_set,
+            read,
+            write,
+        })
+    }
+
+    /// Reads the counters and accounts the deltas since the last tick. Returns the current
+    /// working set (None when the cgroup is gone).
+    pub fn tick(&self) -> Option<u64> {
+        let raw = self.read_raw()?;
+        let mut st = self.lock();
+        self.account(&mut st, raw);
+        Some(raw.ws)
+    }
+
+    fn account(&self, st: &mut State, raw: Raw) {
+        if let Some(last) = st.last {
+            let n = st.execs.len() as u64;
+            if n > 0 {
+                let d_cpu = raw.cpu_ns.saturating_sub(last.cpu_ns);
+                let d_r = raw.read.saturating_sub(last.read);
+                let d_w = raw.write.saturating_sub(last.write);
+                for acc in st.execs.values_mut() {
+                    acc.cpu_ns += d_cpu / n;
+                    acc.read += d_r / n;
+                    acc.write += d_w / n;
+                }
+            }
+        }
+        for acc in st.execs.values_mut() {
+            acc.mem.add(raw.ws.saturating_sub(acc.start_ws));
+        }
+        match st.lifetime_mem.as_mut() {
+            Some(w) => w.add(raw.ws),
+            None => st.lifetime_mem = Some(MemoryWindow::new(raw.ws)),
+        }
+        st.persisted.peak = st.persisted.peak.max(raw.ws);
+        st.last = Some(raw);
+    }
+
+    /// Starts metering an exec; returns its handle.
+    pub fn begin_exec(&self) -> u64 {
+        let raw = self.read_raw();
+        let mut st = self.lock();
+        if let Some(raw) = raw {
+            self.account(&mut st, raw);
+        }
+        let start_ws = st.last.map(|r| r.ws).unwrap_or(0);
+        let id = st.next_id;
+        st.next_id += 1;
+        st.execs.insert(
+            id,
+            ExecAcc {
+                cpu_ns: 0,
+                read: 0,
+                write: 0,
+                start_ws,
+                mem: MemoryWindow::new(0),
+            },
+        );
+        id
+    }
+
+    /// Ends an exec: flushes the workspace (so its writes are counted), takes a last tick and
+    /// returns the exec's usage.
+    pub fn end_exec(&self, id: u64) -> Usage {
+        if self.disk_source().needs_flush() {
+            let _ = disk::flush(&self.data_dir);
+        }
+        let raw = self.read_raw();
+        let mut st = self.lock();
+        if let Some(raw) = raw {
+            self.account(&mut st, raw);
+        }
+        let Some(acc) = st.execs.remove(&id) else {
+            return Usage::default();
+        };
+        Usage {
+            cpu_ms: acc.cpu_ns / 1_000_000,
+            memory_peak_bytes: acc.mem.peak(),
+            memory_avg_bytes: acc.mem.average(),
+            disk_read_bytes: acc.read,
+            disk_write_bytes: acc.write,
+            network_egress_bytes: 0,
+            network_ingress_bytes: 0,
+        }
+    }
+
+    /// Cumulative usage since the sandbox was created. Never goes backwards.
+    pub fn lifetime(&self) -> Usage {
+        let raw = self.read_raw();
+        let mut st = self.lock();
+        if let Some(raw) = raw {
+            self.account(&mut st, raw);
+        }
+        let last = st.last;
+        let p = &mut st.persisted;
+        if let Some(raw) = last {
+            p.cpu_ns = p.cpu_ns.max(raw.cpu_ns);
+            p.disk_read = p.disk_read.max(p.disk_read_base + raw.read);
+            p.disk_write = p.disk_write.max(p.disk_write_base + raw.write);
+        }
+        let p = st.persisted;
+        let (weighted, span) = match &st.lifetime_mem {
+            Some(w) => {
+                let (a, b) = w.parts();
+                (p.weighted + a, p.span_us + b)
+            }
+            None => (p.weighted, p.span_us),
+        };
+        let avg = if span == 0 {
+            st.last.map(|r| r.ws).unwrap_or(0)
+        } else {
+            (weighted / span) as u64
+        };
+        Usage {
+            cpu_ms: p.cpu_ns / 1_000_000,
+            memory_peak_bytes: p.peak,
+            memory_avg_bytes: avg,
+            disk_read_bytes: p.disk_read,
+            disk_write_bytes: p.disk_write,
+            network_egress_bytes: 0,
+            network_ingress_bytes: 0,
+        }
+    }
+
+    /// The state to persist (lifetime() first, for fresh numbers).
+    pub fn persisted(&self) -> Persisted {
+        let _ = self.lifetime();
+        let st = self.lock();
+        let mut p = st.persisted;
+        if let Some(w) = &st.lifetime_mem {
+            let (a, b) = w.parts();
+            p.weighted += a;
+            p.span_us += b;
+        }
+        p
+    }
+
+    /// The workspace's device was attached anew (counters restart at 0): carry what was
+    /// counted so far into the base.
+    pub fn rebase_disk(&self) {
+        let mut st = self.lock();
+        st.persisted.disk_read_base = st.persisted.disk_read;
+        st.persisted.disk_write_base = st.persisted.disk_write;
+    }
+}
