@@ -156,7 +156,7 @@ impl Default for Config {
             exec_timeout_cap_secs: 600,
             cancel_grace_secs: 10,
             sample_interval_ms: 20,
-            meter_interval_ms: 2000,
+            meter_interval_ms: 5000,
             usage_persist_secs: 30,
             workspace_grace_secs: 24 * 3600,
             cgroup_root: "/sys/fs/cgroup".into(),

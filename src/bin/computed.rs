@@ -108,6 +108,7 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
     };
     tracing::info!(sandboxes = n, "recovered state from containerd");
     let gc = node.spawn_gc_loop();
+    let meter = node.spawn_meter_loop();
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
@@ -121,5 +122,6 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
     if let Some(gc) = gc {
         gc.abort();
     }
+    meter.abort();
     Ok(())
 }

@@ -27,10 +27,12 @@ pub struct Persisted {
     pub weighted: u128,
     /// µs covered by `weighted`.
     pub span_us: u128,
-    /// Disk bytes counted before the current device counters started (after a reattach).
-    pub disk_read_base: u64,
+    /// Added to the device's read counter to give the lifetime figure: minus what the device
+    /// had counted before the sandbox (mkfs and mount), plus what an earlier device counted
+    /// before a reattach.
+    pub disk_read_base: i64,
     /// Likewise for writes.
-    pub disk_write_base: u64,
+    pub disk_write_base: i64,
     /// Highest lifetime CPU reported, in ns (monotonic guard).
     pub cpu_ns: u64,
     /// Highest lifetime disk bytes reported (monotonic guard).
@@ -103,11 +105,12 @@ impl Meter {
     }
 
     fn read_raw(&self) -> Option<Raw> {
-        let s = self.cg.sample().ok()?;
+        let cpu_ns = self.cg.cpu_ns().ok()?;
+        let ws = self.cg.working_set().ok()?;
         let (read, write) = self.disk_source().read().unwrap_or((0, 0));
         Some(Raw {
-            cpu_ns: s.cpu_ns,
-            ws: s.working_set,
+            cpu_ns,
+            ws,
             read,
             write,
         })
@@ -206,8 +209,9 @@ impl Meter {
         let p = &mut st.persisted;
         if let Some(raw) = last {
             p.cpu_ns = p.cpu_ns.max(raw.cpu_ns);
-            p.disk_read = p.disk_read.max(p.disk_read_base + raw.read);
-            p.disk_write = p.disk_write.max(p.disk_write_base + raw.write);
+            let add = |base: i64, v: u64| (base + v as i64).max(0) as u64;
+            p.disk_read = p.disk_read.max(add(p.disk_read_base, raw.read));
+            p.disk_write = p.disk_write.max(add(p.disk_write_base, raw.write));
         }
         let p = st.persisted;
         let (weighted, span) = match &st.lifetime_mem {
@@ -246,11 +250,18 @@ impl Meter {
         p
     }
 
-    /// The workspace's device was attached anew (counters restart at 0): carry what was
-    /// counted so far into the base.
+    /// The workspace's device was attached anew (a new sandbox, or a reattach after a
+    /// reboot): its counters hold what mkfs and mount did, or restarted. Carry the lifetime
+    /// figures so far onto the device's current counters.
     pub fn rebase_disk(&self) {
+        *self.disk.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let (r, w) = self.disk_source().read().unwrap_or((0, 0));
         let mut st = self.lock();
-        st.persisted.disk_read_base = st.persisted.disk_read;
-        st.persisted.disk_write_base = st.persisted.disk_write;
+        st.persisted.disk_read_base = st.persisted.disk_read as i64 - r as i64;
+        st.persisted.disk_write_base = st.persisted.disk_write as i64 - w as i64;
+        if let Some(last) = st.last.as_mut() {
+            last.read = r;
+            last.write = w;
+        }
     }
 }

@@ -578,10 +578,12 @@ impl Node {
             return Err(e);
         }
         drop(guard);
+        // Usage starts now: not what mkfs and mount wrote to the volume.
+        let meter = sb.meter.clone();
+        let _ = blocking(move || meter.rebase_disk()).await;
         info!(sandbox_id = %sb.id, image = %sb.image, "sandbox created");
         self.spawn_provision(sb.clone());
         self.spawn_deadline(sb.clone());
-        self.spawn_meter(sb.clone());
         Ok(sb)
     }
 
@@ -791,37 +793,54 @@ impl Node {
         Arc::new(Meter::new(self.cgroup(id), self.paths(id).data, persisted))
     }
 
-    /// Samples a sandbox every `meter_interval_secs` (for its lifetime memory average and
-    /// peaks between execs) and writes its meter state to the container labels every
-    /// `usage_persist_secs`, so usage survives a daemon restart.
-    fn spawn_meter(&self, sb: Arc<Sandbox>) {
+    /// One loop for the whole node: every `meter_interval_ms` it ticks the meter of every live
+    /// sandbox in a single blocking task (for lifetime memory averages and peaks between
+    /// execs), and every `usage_persist_secs` writes changed meter states to the container
+    /// labels, so usage survives a daemon restart.
+    pub fn spawn_meter_loop(&self) -> tokio::task::JoinHandle<()> {
         let node = self.clone();
         tokio::spawn(async move {
             let cfg = &node.inner.cfg;
-            let every = Duration::from_millis(cfg.meter_interval_ms.max(100));
+            let mut tick = tokio::time::interval(Duration::from_millis(cfg.meter_interval_ms.max(100)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let persist_every = Duration::from_secs(cfg.usage_persist_secs.max(1));
             let mut last_persist = std::time::Instant::now();
+            let mut persisted: HashMap<String, Persisted> = HashMap::new();
             loop {
-                tokio::time::sleep(every).await;
-                if sb.state().status == Status::Destroyed {
-                    return;
+                tick.tick().await;
+                let live: Vec<Arc<Sandbox>> = node
+                    .list()
+                    .into_iter()
+                    .filter(|sb| sb.state().status != Status::Destroyed)
+                    .collect();
+                let meters: Vec<Arc<Meter>> = live.iter().map(|sb| sb.meter.clone()).collect();
+                let _ = blocking(move || {
+                    for m in meters {
+                        m.tick();
+                    }
+                })
+                .await;
+                if last_persist.elapsed() < persist_every {
+                    continue;
                 }
-                let meter = sb.meter.clone();
-                let _ = blocking(move || meter.tick()).await;
-                if last_persist.elapsed() >= persist_every {
-                    last_persist = std::time::Instant::now();
-                    node.persist_usage(&sb).await;
+                last_persist = std::time::Instant::now();
+                persisted.retain(|id, _| live.iter().any(|sb| &sb.id == id));
+                for sb in &live {
+                    let meter = sb.meter.clone();
+                    let Ok(p) = blocking(move || meter.persisted()).await else {
+                        continue;
+                    };
+                    if persisted.get(&sb.id) != Some(&p) {
+                        node.persist_usage(sb, &p).await;
+                        persisted.insert(sb.id.clone(), p);
+                    }
                 }
             }
-        });
+        })
     }
 
-    async fn persist_usage(&self, sb: &Sandbox) {
-        let meter = sb.meter.clone();
-        let Ok(p) = blocking(move || meter.persisted()).await else {
-            return;
-        };
-        let Ok(json) = serde_json::to_string(&p) else {
+    async fn persist_usage(&self, sb: &Sandbox, p: &Persisted) {
+        let Ok(json) = serde_json::to_string(p) else {
             return;
         };
         let labels = HashMap::from([(label("usage"), json)]);
@@ -950,8 +969,7 @@ impl Node {
                 Status::Ready => self.spawn_exit_watch(sb.clone()),
                 _ => {}
             }
-            self.spawn_deadline(sb.clone());
-            self.spawn_meter(sb);
+            self.spawn_deadline(sb);
             n += 1;
         }
         // Tombstones of destroyed sandboxes, for Describe and idempotent Destroy until GC.

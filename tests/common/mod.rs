@@ -177,6 +177,11 @@ impl Daemon {
         panic!("daemon did not start; log:\n{}", self.log_text());
     }
 
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
     /// Kills the daemon with SIGKILL (sandboxes keep running).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

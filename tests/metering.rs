@@ -1,0 +1,253 @@
+//! Metering accuracy against real containerd + runsc: CPU, memory, disk, sums, restarts, and
+//! the cost of metering itself.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use computed::api::common::v1::UsageMetrics;
+use computed::api::compute::v1 as pb;
+use pb::compute_service_client::ComputeServiceClient;
+use tonic::transport::Channel;
+
+macro_rules! need {
+    () => {
+        if !prerequisites() {
+            return;
+        }
+    };
+}
+
+async fn lifetime(c: &mut ComputeServiceClient<Channel>, id: &str) -> UsageMetrics {
+    c.describe_sandbox(pb::DescribeSandboxRequest { sandbox_id: id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .current_usage
+        .unwrap()
+}
+
+async fn run(c: &mut ComputeServiceClient<Channel>, id: &str, cmd: &str, args: &[&str]) -> (String, UsageMetrics) {
+    let o = exec(c, exec_req(id, cmd, args)).await.unwrap();
+    assert_eq!(o.code(), 0, "{cmd} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    (o.out(), o.completed.unwrap().usage.unwrap())
+}
+
+/// A Python busy loop of `secs`; prints the process's own CPU time (user + sys, as the
+/// sandbox's kernel accounts it) in ms.
+fn busy(secs: f64) -> String {
+    format!(
+        "import time, os\nt = time.time()\nwhile time.time() - t < {secs}: pass\n\
+         u = os.times()\nprint(int((u[0] + u[1]) * 1000))"
+    )
+}
+
+/// Median of the (cgroup cpu_ms, process cpu ms) pairs of `n` runs, by cgroup cpu.
+async fn median_run(c: &mut ComputeServiceClient<Channel>, id: &str, secs: f64, n: usize) -> (i64, i64) {
+    let mut runs = Vec::new();
+    for _ in 0..n {
+        let (out, u) = run(c, id, "python3", &["-c", &busy(secs)]).await;
+        runs.push((u.cpu_ms as i64, out.trim().parse::<i64>().unwrap()));
+    }
+    runs.sort();
+    runs[n / 2]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cpu_is_within_ten_percent_of_the_process_cpu_time() {
+    need!();
+    let d = start("mcpu", "");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "mcpu")).await;
+    // The fixed per-exec overhead: the same program with an empty loop (medians of 3 runs,
+    // against the noise of a shared 2-core VM).
+    let (cg0, own0) = median_run(&mut c, &id, 0.0, 3).await;
+    let overhead = cg0 - own0;
+    eprintln!("per-exec overhead (cgroup cpu - process cpu, empty loop): {overhead} ms");
+    assert!((-50..300).contains(&overhead), "overhead {overhead} ms");
+    for secs in [1.0, 3.0] {
+        let (cg, own) = median_run(&mut c, &id, secs, 3).await;
+        let metered = (cg - overhead) as f64;
+        let ratio = metered / own as f64;
+        eprintln!("busy {secs}s: cpu_ms {cg} - overhead {overhead} = {metered} vs process {own} ms: {ratio:.3}");
+        assert!((0.9..=1.1).contains(&ratio), "busy {secs}s: ratio {ratio:.3}");
+    }
+    // An idle sandbox's CPU grows by less than 5 ms per second.
+    let before = lifetime(&mut c, &id).await.cpu_ms;
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = lifetime(&mut c, &id).await.cpu_ms;
+    let rate = (after - before) as f64 / t0.elapsed().as_secs_f64();
+    eprintln!("idle CPU: {rate:.2} ms/s");
+    assert!(rate < 5.0, "idle sandbox burns {rate:.2} ms/s");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_peak_is_per_exec() {
+    need!();
+    let d = start("mmem", "");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "mmem")).await;
+    let alloc = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
+                 import time; time.sleep(0.3)";
+    let (_, u) = run(&mut c, &id, "python3", &["-c", alloc]).await;
+    eprintln!("256 MiB exec: peak {} avg {}", u.memory_peak_bytes, u.memory_avg_bytes);
+    assert!(u.memory_peak_bytes >= 256 << 20, "peak {}", u.memory_peak_bytes);
+    assert!(u.memory_peak_bytes <= 320 << 20, "peak {}", u.memory_peak_bytes);
+    assert!(u.memory_avg_bytes > 0 && u.memory_avg_bytes <= u.memory_peak_bytes);
+    let (_, u) = run(&mut c, &id, "true", &[]).await;
+    eprintln!("true right after: peak {}", u.memory_peak_bytes);
+    assert!(u.memory_peak_bytes < 32 << 20, "peak {}", u.memory_peak_bytes);
+    // The sandbox's lifetime peak remembers the 256 MiB.
+    assert!(lifetime(&mut c, &id).await.memory_peak_bytes >= 256 << 20);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_bytes_are_within_five_percent() {
+    need!();
+    let d = start("mdisk", "");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "mdisk")).await;
+    let mib64 = 64u64 << 20;
+    let (_, u) = run(&mut c, &id, "dd", &["if=/dev/zero", "of=/workspace/f", "bs=1M", "count=64"]).await;
+    let w = u.disk_write_bytes as f64 / mib64 as f64;
+    eprintln!("write 64 MiB: disk_write_bytes {} ({w:.4})", u.disk_write_bytes);
+    assert!((0.95..=1.05).contains(&w), "write ratio {w}");
+    // Drop the host's caches so the read goes to the volume.
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let (_, u) = run(&mut c, &id, "sh", &["-c", "cat /workspace/f > /dev/null"]).await;
+    let r = u.disk_read_bytes as f64 / mib64 as f64;
+    eprintln!("read 64 MiB: disk_read_bytes {} ({r:.4})", u.disk_read_bytes);
+    assert!((0.95..=1.05).contains(&r), "read ratio {r}");
+    let life = lifetime(&mut c, &id).await;
+    assert!(life.disk_write_bytes >= mib64 && life.disk_read_bytes >= mib64);
+    assert_eq!(life.network_egress_bytes, 0, "sandboxes have no network");
+    assert_eq!(life.network_ingress_bytes, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_exec_sums_never_exceed_the_sandbox_total() {
+    need!();
+    let d = start("msum", "");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "msum")).await;
+    // The idle rate, measured first.
+    let a = lifetime(&mut c, &id).await.cpu_ms;
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle_rate = (lifetime(&mut c, &id).await.cpu_ms - a) as f64 / t.elapsed().as_secs_f64();
+
+    let before = lifetime(&mut c, &id).await.cpu_ms;
+    let t0 = Instant::now();
+    let mut sum = 0u64;
+    let mut exec_wall = Duration::ZERO;
+    for script in ["pass", "sum(range(3_000_000))", "import json; json.dumps(list(range(100000)))", "pass"] {
+        let t = Instant::now();
+        let (_, u) = run(&mut c, &id, "python3", &["-c", script]).await;
+        exec_wall += t.elapsed();
+        sum += u.cpu_ms;
+    }
+    // Three at once: their shares of the same window still add up to at most the total.
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        let mut c = d.client().await;
+        let id = id.clone();
+        handles.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let (_, u) = run(&mut c, &id, "python3", &["-c", "sum(range(2_000_000))"]).await;
+            (u.cpu_ms, t.elapsed())
+        }));
+    }
+    let t_par = Instant::now();
+    for h in handles {
+        sum += h.await.unwrap().0;
+    }
+    exec_wall += t_par.elapsed();
+    let after = lifetime(&mut c, &id).await.cpu_ms;
+    let delta = after - before;
+    let idle = t0.elapsed().saturating_sub(exec_wall).as_secs_f64();
+    eprintln!("Σ per-exec {sum} ms, lifetime delta {delta} ms, idle {idle:.2}s at {idle_rate:.2} ms/s");
+    assert!(sum <= delta + 1, "Σ per-exec {sum} > lifetime delta {delta}");
+    let allowance = idle * idle_rate.max(1.0) + 20.0;
+    assert!(
+        (delta as f64) <= sum as f64 + allowance,
+        "lifetime delta {delta} > Σ {sum} + idle allowance {allowance:.1}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_is_monotonic_across_restarts_and_kept_after_destroy() {
+    need!();
+    let mut d = start("mrestart", "usage_persist_secs = 1\nmeter_interval_ms = 200");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "mrestart")).await;
+    run(&mut c, &id, "python3", &["-c", "b = bytearray(64 << 20); import time; time.sleep(0.5)"]).await;
+    run(&mut c, &id, "dd", &["if=/dev/zero", "of=/workspace/f", "bs=1M", "count=8"]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = lifetime(&mut c, &id).await;
+    d.kill9();
+    d.spawn();
+    let mut c = d.client().await;
+    let after = lifetime(&mut c, &id).await;
+    eprintln!("before {before:?}\nafter  {after:?}");
+    assert!(after.cpu_ms >= before.cpu_ms);
+    assert!(after.memory_peak_bytes >= before.memory_peak_bytes);
+    assert!(after.disk_write_bytes >= before.disk_write_bytes);
+    assert!(after.disk_read_bytes >= before.disk_read_bytes);
+    assert!(after.memory_avg_bytes > 0);
+    let total = c
+        .destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .total_usage
+        .unwrap();
+    assert!(total.cpu_ms >= after.cpu_ms && total.disk_write_bytes >= after.disk_write_bytes);
+    // The destroyed sandbox's lifetime usage is still readable, also after a restart.
+    d.kill9();
+    d.spawn();
+    let mut c = d.client().await;
+    let desc = c
+        .describe_sandbox(pb::DescribeSandboxRequest { sandbox_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(desc.status, SandboxStatus::Destroyed as i32);
+    assert_eq!(desc.current_usage.unwrap(), total);
+}
+
+fn proc_cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks * 1000 / 100
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metering_fifty_idle_sandboxes_costs_under_one_percent_of_a_core() {
+    need!();
+    let d = start("mcost", "");
+    let mut c = d.client().await;
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        let mut req = create_req("t", &format!("idle{i}"));
+        req.limits = Some(pb::ResourceLimits { memory_bytes: 64 << 20, ..Default::default() });
+        req.workspace = Some(pb::WorkspaceSpec { size: "64Mi".into(), ..Default::default() });
+        ids.push(c.create_sandbox(req).await.unwrap().into_inner().sandbox_id);
+    }
+    for id in &ids {
+        wait_status(&mut c, id, SandboxStatus::Ready, Duration::from_secs(120)).await;
+    }
+    drop(c);
+    let pid = d.pid();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cpu0 = proc_cpu_ms(pid);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let used = proc_cpu_ms(pid) - cpu0;
+    let share = used as f64 / t0.elapsed().as_millis() as f64;
+    eprintln!("daemon CPU with 50 idle sandboxes: {used} ms over {:?} = {:.3}% of a core", t0.elapsed(), share * 100.0);
+    assert!(share < 0.01, "metering costs {:.3}% of a core", share * 100.0);
+}
