@@ -52,6 +52,8 @@ pub struct Config {
     pub listen: String,
     /// Unix socket path of ComputeService (`COMPUTE_SOCKET`); empty disables it.
     pub socket: PathBuf,
+    /// Prometheus metrics HTTP address (`COMPUTE_METRICS_LISTEN`); empty disables.
+    pub metrics_listen: String,
     /// containerd's gRPC socket (`CONTAINERD_ADDRESS`).
     pub containerd_socket: PathBuf,
     /// containerd namespace for every object we make.
@@ -127,6 +129,7 @@ impl Default for Config {
         Self {
             listen: "0.0.0.0:50051".into(),
             socket: "/run/compute/compute.sock".into(),
+            metrics_listen: "0.0.0.0:9090".into(),
             containerd_socket: "/run/containerd/containerd.sock".into(),
             namespace: "compute".into(),
             state_dir: "/var/lib/compute".into(),
@@ -198,6 +201,9 @@ impl Config {
         }
         if let Some(v) = get("COMPUTE_SOCKET") {
             self.socket = v.into();
+        }
+        if let Some(v) = get("COMPUTE_METRICS_LISTEN") {
+            self.metrics_listen = v;
         }
         if let Some(v) = nonempty("CONTAINERD_ADDRESS") {
             self.containerd_socket = v.into();

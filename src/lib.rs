@@ -8,6 +8,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod metering;
+pub mod metrics;
 pub mod node;
 pub mod runtime;
 pub mod server;

@@ -20,17 +20,29 @@ macro_rules! need {
 }
 
 async fn lifetime(c: &mut ComputeServiceClient<Channel>, id: &str) -> UsageMetrics {
-    c.describe_sandbox(pb::DescribeSandboxRequest { sandbox_id: id.into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .current_usage
-        .unwrap()
+    c.describe_sandbox(pb::DescribeSandboxRequest {
+        sandbox_id: id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .current_usage
+    .unwrap()
 }
 
-async fn run(c: &mut ComputeServiceClient<Channel>, id: &str, cmd: &str, args: &[&str]) -> (String, UsageMetrics) {
+async fn run(
+    c: &mut ComputeServiceClient<Channel>,
+    id: &str,
+    cmd: &str,
+    args: &[&str],
+) -> (String, UsageMetrics) {
     let o = exec(c, exec_req(id, cmd, args)).await.unwrap();
-    assert_eq!(o.code(), 0, "{cmd} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.code(),
+        0,
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     (o.out(), o.completed.unwrap().usage.unwrap())
 }
 
@@ -44,7 +56,12 @@ fn busy(secs: f64) -> String {
 }
 
 /// Median of the (cgroup cpu_ms, process cpu ms) pairs of `n` runs, by cgroup cpu.
-async fn median_run(c: &mut ComputeServiceClient<Channel>, id: &str, secs: f64, n: usize) -> (i64, i64) {
+async fn median_run(
+    c: &mut ComputeServiceClient<Channel>,
+    id: &str,
+    secs: f64,
+    n: usize,
+) -> (i64, i64) {
     let mut runs = Vec::new();
     for _ in 0..n {
         let (out, u) = run(c, id, "python3", &["-c", &busy(secs)]).await;
@@ -71,7 +88,10 @@ async fn cpu_is_within_ten_percent_of_the_process_cpu_time() {
         let metered = (cg - overhead) as f64;
         let ratio = metered / own as f64;
         eprintln!("busy {secs}s: cpu_ms {cg} - overhead {overhead} = {metered} vs process {own} ms: {ratio:.3}");
-        assert!((0.9..=1.1).contains(&ratio), "busy {secs}s: ratio {ratio:.3}");
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "busy {secs}s: ratio {ratio:.3}"
+        );
     }
     // An idle sandbox's CPU grows by less than 5 ms per second.
     let before = lifetime(&mut c, &id).await.cpu_ms;
@@ -92,13 +112,28 @@ async fn memory_peak_is_per_exec() {
     let alloc = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
                  import time; time.sleep(0.3)";
     let (_, u) = run(&mut c, &id, "python3", &["-c", alloc]).await;
-    eprintln!("256 MiB exec: peak {} avg {}", u.memory_peak_bytes, u.memory_avg_bytes);
-    assert!(u.memory_peak_bytes >= 256 << 20, "peak {}", u.memory_peak_bytes);
-    assert!(u.memory_peak_bytes <= 320 << 20, "peak {}", u.memory_peak_bytes);
+    eprintln!(
+        "256 MiB exec: peak {} avg {}",
+        u.memory_peak_bytes, u.memory_avg_bytes
+    );
+    assert!(
+        u.memory_peak_bytes >= 256 << 20,
+        "peak {}",
+        u.memory_peak_bytes
+    );
+    assert!(
+        u.memory_peak_bytes <= 320 << 20,
+        "peak {}",
+        u.memory_peak_bytes
+    );
     assert!(u.memory_avg_bytes > 0 && u.memory_avg_bytes <= u.memory_peak_bytes);
     let (_, u) = run(&mut c, &id, "true", &[]).await;
     eprintln!("true right after: peak {}", u.memory_peak_bytes);
-    assert!(u.memory_peak_bytes < 32 << 20, "peak {}", u.memory_peak_bytes);
+    assert!(
+        u.memory_peak_bytes < 32 << 20,
+        "peak {}",
+        u.memory_peak_bytes
+    );
     // The sandbox's lifetime peak remembers the 256 MiB.
     assert!(lifetime(&mut c, &id).await.memory_peak_bytes >= 256 << 20);
 }
@@ -110,15 +145,27 @@ async fn disk_bytes_are_within_five_percent() {
     let mut c = d.client().await;
     let id = ready_sandbox(&mut c, create_req("t", "mdisk")).await;
     let mib64 = 64u64 << 20;
-    let (_, u) = run(&mut c, &id, "dd", &["if=/dev/zero", "of=/workspace/f", "bs=1M", "count=64"]).await;
+    let (_, u) = run(
+        &mut c,
+        &id,
+        "dd",
+        &["if=/dev/zero", "of=/workspace/f", "bs=1M", "count=64"],
+    )
+    .await;
     let w = u.disk_write_bytes as f64 / mib64 as f64;
-    eprintln!("write 64 MiB: disk_write_bytes {} ({w:.4})", u.disk_write_bytes);
+    eprintln!(
+        "write 64 MiB: disk_write_bytes {} ({w:.4})",
+        u.disk_write_bytes
+    );
     assert!((0.95..=1.05).contains(&w), "write ratio {w}");
     // Drop the host's caches so the read goes to the volume.
     std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
     let (_, u) = run(&mut c, &id, "sh", &["-c", "cat /workspace/f > /dev/null"]).await;
     let r = u.disk_read_bytes as f64 / mib64 as f64;
-    eprintln!("read 64 MiB: disk_read_bytes {} ({r:.4})", u.disk_read_bytes);
+    eprintln!(
+        "read 64 MiB: disk_read_bytes {} ({r:.4})",
+        u.disk_read_bytes
+    );
     assert!((0.95..=1.05).contains(&r), "read ratio {r}");
     let life = lifetime(&mut c, &id).await;
     assert!(life.disk_write_bytes >= mib64 && life.disk_read_bytes >= mib64);
@@ -142,7 +189,12 @@ async fn per_exec_sums_never_exceed_the_sandbox_total() {
     let t0 = Instant::now();
     let mut sum = 0u64;
     let mut exec_wall = Duration::ZERO;
-    for script in ["pass", "sum(range(3_000_000))", "import json; json.dumps(list(range(100000)))", "pass"] {
+    for script in [
+        "pass",
+        "sum(range(3_000_000))",
+        "import json; json.dumps(list(range(100000)))",
+        "pass",
+    ] {
         let t = Instant::now();
         let (_, u) = run(&mut c, &id, "python3", &["-c", script]).await;
         exec_wall += t.elapsed();
@@ -167,8 +219,13 @@ async fn per_exec_sums_never_exceed_the_sandbox_total() {
     let after = lifetime(&mut c, &id).await.cpu_ms;
     let delta = after - before;
     let idle = t0.elapsed().saturating_sub(exec_wall).as_secs_f64();
-    eprintln!("Σ per-exec {sum} ms, lifetime delta {delta} ms, idle {idle:.2}s at {idle_rate:.2} ms/s");
-    assert!(sum <= delta + 1, "Σ per-exec {sum} > lifetime delta {delta}");
+    eprintln!(
+        "Σ per-exec {sum} ms, lifetime delta {delta} ms, idle {idle:.2}s at {idle_rate:.2} ms/s"
+    );
+    assert!(
+        sum <= delta + 1,
+        "Σ per-exec {sum} > lifetime delta {delta}"
+    );
     let allowance = idle * idle_rate.max(1.0) + 20.0;
     assert!(
         (delta as f64) <= sum as f64 + allowance,
@@ -179,11 +236,29 @@ async fn per_exec_sums_never_exceed_the_sandbox_total() {
 #[tokio::test(flavor = "multi_thread")]
 async fn usage_is_monotonic_across_restarts_and_kept_after_destroy() {
     need!();
-    let mut d = start("mrestart", "usage_persist_secs = 1\nmeter_interval_ms = 200");
+    let mut d = start(
+        "mrestart",
+        "usage_persist_secs = 1\nmeter_interval_ms = 200",
+    );
     let mut c = d.client().await;
     let id = ready_sandbox(&mut c, create_req("t", "mrestart")).await;
-    run(&mut c, &id, "python3", &["-c", "b = bytearray(64 << 20); import time; time.sleep(0.5)"]).await;
-    run(&mut c, &id, "dd", &["if=/dev/zero", "of=/workspace/f", "bs=1M", "count=8"]).await;
+    run(
+        &mut c,
+        &id,
+        "python3",
+        &[
+            "-c",
+            "b = bytearray(64 << 20); import time; time.sleep(0.5)",
+        ],
+    )
+    .await;
+    run(
+        &mut c,
+        &id,
+        "dd",
+        &["if=/dev/zero", "of=/workspace/f", "bs=1M", "count=8"],
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = lifetime(&mut c, &id).await;
     d.kill9();
@@ -197,7 +272,9 @@ async fn usage_is_monotonic_across_restarts_and_kept_after_destroy() {
     assert!(after.disk_read_bytes >= before.disk_read_bytes);
     assert!(after.memory_avg_bytes > 0);
     let total = c
-        .destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id.clone() })
+        .destroy_sandbox(pb::DestroySandboxRequest {
+            sandbox_id: id.clone(),
+        })
         .await
         .unwrap()
         .into_inner()
@@ -209,7 +286,9 @@ async fn usage_is_monotonic_across_restarts_and_kept_after_destroy() {
     d.spawn();
     let mut c = d.client().await;
     let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest { sandbox_id: id.clone() })
+        .describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: id.clone(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -233,8 +312,14 @@ async fn metering_fifty_idle_sandboxes_costs_under_one_percent_of_a_core() {
     let mut ids = Vec::new();
     for i in 0..50 {
         let mut req = create_req("t", &format!("idle{i}"));
-        req.limits = Some(pb::ResourceLimits { memory_bytes: 64 << 20, ..Default::default() });
-        req.workspace = Some(pb::WorkspaceSpec { size: "64Mi".into(), ..Default::default() });
+        req.limits = Some(pb::ResourceLimits {
+            memory_bytes: 64 << 20,
+            ..Default::default()
+        });
+        req.workspace = Some(pb::WorkspaceSpec {
+            size: "64Mi".into(),
+            ..Default::default()
+        });
         ids.push(c.create_sandbox(req).await.unwrap().into_inner().sandbox_id);
     }
     for id in &ids {
@@ -248,6 +333,114 @@ async fn metering_fifty_idle_sandboxes_costs_under_one_percent_of_a_core() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     let used = proc_cpu_ms(pid) - cpu0;
     let share = used as f64 / t0.elapsed().as_millis() as f64;
-    eprintln!("daemon CPU with 50 idle sandboxes: {used} ms over {:?} = {:.3}% of a core", t0.elapsed(), share * 100.0);
-    assert!(share < 0.01, "metering costs {:.3}% of a core", share * 100.0);
+    eprintln!(
+        "daemon CPU with 50 idle sandboxes: {used} ms over {:?} = {:.3}% of a core",
+        t0.elapsed(),
+        share * 100.0
+    );
+    assert!(
+        share < 0.01,
+        "metering costs {:.3}% of a core",
+        share * 100.0
+    );
+}
+
+/// The value of the series `name{labels…}` whose label text contains every `needle`.
+fn series(text: &str, name: &str, needles: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| {
+            l.starts_with(name)
+                && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' '))
+        })
+        .find(|l| needles.iter().all(|n| l.contains(n)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prometheus_metrics_cover_usage_status_rpcs_execs_and_containerd_errors() {
+    need!();
+    let d = start("mprom", "meter_interval_ms = 200");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("tenant-p", "mprom")).await;
+    run(&mut c, &id, "python3", &["-c", "sum(range(1_000_000))"]).await;
+    let mut bad = create_req("tenant-p", "bad");
+    bad.image = "compute.local/none:1".into();
+    let bad_id = c.create_sandbox(bad).await.unwrap().into_inner().sandbox_id;
+    wait_status(
+        &mut c,
+        &bad_id,
+        SandboxStatus::Failed,
+        Duration::from_secs(20),
+    )
+    .await;
+    let _ = c
+        .describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: "nope".into(),
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let text = d.scrape();
+    let sb = format!("sandbox_id=\"{id}\"");
+    let cpu = series(
+        &text,
+        "compute_sandbox_cpu_milliseconds_total",
+        &[&sb, "tenant_id=\"tenant-p\""],
+    );
+    assert!(cpu.unwrap_or(0.0) > 0.0, "per-sandbox CPU counter:\n{text}");
+    assert!(series(&text, "compute_sandbox_memory_peak_bytes", &[&sb]).unwrap_or(0.0) > 0.0);
+    assert!(series(&text, "compute_sandbox_disk_write_bytes_total", &[&sb]).is_some());
+    assert_eq!(
+        series(&text, "compute_sandboxes", &["status=\"READY\""]),
+        Some(1.0)
+    );
+    assert_eq!(
+        series(&text, "compute_sandboxes", &["status=\"FAILED\""]),
+        Some(1.0)
+    );
+    assert!(
+        series(
+            &text,
+            "compute_rpc_requests_total",
+            &["method=\"ExecCommand\"", "code=\"Ok\""]
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(
+        series(
+            &text,
+            "compute_rpc_requests_total",
+            &["method=\"DescribeSandbox\"", "code=\"InvalidArgument\""]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        series(
+            &text,
+            "compute_rpc_duration_seconds_count",
+            &["method=\"CreateSandbox\""]
+        )
+        .unwrap_or(0.0)
+            >= 2.0
+    );
+    assert!(series(&text, "compute_execs_total", &["outcome=\"exited\""]).unwrap_or(0.0) >= 1.0);
+    assert!(series(&text, "compute_exec_duration_seconds_count", &[]).unwrap_or(0.0) >= 1.0);
+    assert!(
+        series(
+            &text,
+            "compute_containerd_errors_total",
+            &["op=\"Images.Get\""]
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+    // Destroyed sandboxes leave the per-sandbox series.
+    c.destroy_sandbox(pb::DestroySandboxRequest {
+        sandbox_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    let text = d.scrape();
+    assert!(!text.contains(&sb), "destroyed sandbox still exported");
 }

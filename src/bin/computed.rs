@@ -109,6 +109,14 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(sandboxes = n, "recovered state from containerd");
     let gc = node.spawn_gc_loop();
     let meter = node.spawn_meter_loop();
+    let metrics = (!node.config().metrics_listen.is_empty()).then(|| {
+        let addr = node.config().metrics_listen.clone();
+        tokio::spawn(async move {
+            if let Err(e) = computed::metrics::serve(addr).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        })
+    });
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
@@ -123,5 +131,8 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
         gc.abort();
     }
     meter.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     Ok(())
 }

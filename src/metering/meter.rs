@@ -128,15 +128,14 @@ impl Meter {
     fn account(&self, st: &mut State, raw: Raw) {
         if let Some(last) = st.last {
             let n = st.execs.len() as u64;
-            if n > 0 {
-                let d_cpu = raw.cpu_ns.saturating_sub(last.cpu_ns);
-                let d_r = raw.read.saturating_sub(last.read);
-                let d_w = raw.write.saturating_sub(last.write);
-                for acc in st.execs.values_mut() {
-                    acc.cpu_ns += d_cpu / n;
-                    acc.read += d_r / n;
-                    acc.write += d_w / n;
-                }
+            let share = |d: u64| d.checked_div(n).unwrap_or(0);
+            let d_cpu = share(raw.cpu_ns.saturating_sub(last.cpu_ns));
+            let d_r = share(raw.read.saturating_sub(last.read));
+            let d_w = share(raw.write.saturating_sub(last.write));
+            for acc in st.execs.values_mut() {
+                acc.cpu_ns += d_cpu;
+                acc.read += d_r;
+                acc.write += d_w;
             }
         }
         for acc in st.execs.values_mut() {
@@ -221,11 +220,9 @@ impl Meter {
             }
             None => (p.weighted, p.span_us),
         };
-        let avg = if span == 0 {
-            st.last.map(|r| r.ws).unwrap_or(0)
-        } else {
-            (weighted / span) as u64
-        };
+        let avg = weighted
+            .checked_div(span)
+            .map_or_else(|| st.last.map(|r| r.ws).unwrap_or(0), |v| v as u64);
         Usage {
             cpu_ms: p.cpu_ns / 1_000_000,
             memory_peak_bytes: p.peak,
@@ -263,5 +260,90 @@ impl Meter {
             last.read = r;
             last.write = w;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metering::CgroupVersion;
+    use std::path::Path;
+
+    struct Fake {
+        _dir: tempfile::TempDir,
+        root: PathBuf,
+    }
+
+    impl Fake {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().to_path_buf();
+            for c in ["cpuacct", "memory"] {
+                std::fs::create_dir_all(root.join(c).join("compute/x")).unwrap();
+            }
+            std::fs::write(root.join("memory/compute/x/cgroup.procs"), "").unwrap();
+            std::fs::write(root.join("memory/compute/x/memory.stat"), "total_inactive_file 0\n")
+                .unwrap();
+            let f = Fake { _dir: dir, root };
+            f.set(0, 0);
+            f
+        }
+        fn set(&self, cpu_ns: u64, mem: u64) {
+            std::fs::write(self.root.join("cpuacct/compute/x/cpuacct.usage"), cpu_ns.to_string())
+                .unwrap();
+            std::fs::write(
+                self.root.join("memory/compute/x/memory.usage_in_bytes"),
+                mem.to_string(),
+            )
+            .unwrap();
+        }
+        fn meter(&self, p: Persisted) -> Meter {
+            let cg = SandboxCgroup::new(&self.root, CgroupVersion::V1, "/compute/x");
+            Meter::new(cg, Path::new("/nonexistent").into(), p)
+        }
+    }
+
+    #[test]
+    fn concurrent_execs_split_the_window_and_never_exceed_the_total() {
+        let f = Fake::new();
+        let m = f.meter(Persisted::default());
+        f.set(10_000_000, 100);
+        m.tick();
+        let a = m.begin_exec();
+        f.set(30_000_000, 200); // 20 ms while only `a` runs
+        let b = m.begin_exec();
+        f.set(70_000_000, 500); // 40 ms shared by a and b
+        let ua = m.end_exec(a);
+        f.set(80_000_000, 100); // 10 ms for b alone
+        let ub = m.end_exec(b);
+        f.set(95_000_000, 100); // 15 ms idle: nobody's
+        let life = m.lifetime();
+        assert_eq!(ua.cpu_ms, 40);
+        assert_eq!(ub.cpu_ms, 30);
+        assert!(ua.cpu_ms + ub.cpu_ms <= life.cpu_ms);
+        assert_eq!(life.cpu_ms, 95);
+        // Memory per exec is what it added above its start.
+        assert_eq!(ua.memory_peak_bytes, 400);
+        assert_eq!(ub.memory_peak_bytes, 300);
+        assert_eq!(life.memory_peak_bytes, 500);
+    }
+
+    #[test]
+    fn lifetime_never_goes_backwards_and_continues_from_persisted() {
+        let f = Fake::new();
+        let m = f.meter(Persisted {
+            peak: 1000,
+            cpu_ns: 50_000_000,
+            ..Default::default()
+        });
+        f.set(20_000_000, 10);
+        let u = m.lifetime();
+        assert_eq!(u.cpu_ms, 50, "a counter behind the persisted value does not go back");
+        assert_eq!(u.memory_peak_bytes, 1000);
+        f.set(60_000_000, 10);
+        assert_eq!(m.lifetime().cpu_ms, 60);
+        let p = m.persisted();
+        assert_eq!(p.cpu_ns, 60_000_000);
+        assert!(p.span_us > 0 || p.weighted == 0);
     }
 }

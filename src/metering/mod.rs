@@ -238,7 +238,10 @@ impl MemoryWindow {
 
     /// (Σ value × µs, µs covered) so far.
     pub fn parts(&self) -> (u128, u128) {
-        (self.weighted, self.last.duration_since(self.start).as_micros())
+        (
+            self.weighted,
+            self.last.duration_since(self.start).as_micros(),
+        )
     }
 
     /// The peak so far.

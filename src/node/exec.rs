@@ -212,6 +212,18 @@ impl Node {
                 }
             }
         };
+        let outcome = if done.cancelled {
+            "cancelled"
+        } else if done.timed_out {
+            "timed_out"
+        } else if done.oom_killed {
+            "oom_killed"
+        } else if done.exit_code == 127 && done.wall_time.is_zero() {
+            "failed"
+        } else {
+            "exited"
+        };
+        crate::metrics::METRICS.exec(outcome, done.wall_time);
         let _ = tx.send(ExecEvent::Completed(done, SystemTime::now())).await;
     }
 

@@ -48,7 +48,8 @@ pub enum Status {
 }
 
 impl Status {
-    fn word(self) -> &'static str {
+    /// The status in words, as the API spells it.
+    pub fn word(self) -> &'static str {
         match self {
             Status::Starting => "STARTING",
             Status::Ready => "READY",
@@ -154,6 +155,13 @@ impl Sandbox {
             s.status = status;
             s.reason = reason.to_string();
         });
+    }
+
+    fn metric_labels(&self) -> crate::metrics::SandboxLabels {
+        crate::metrics::SandboxLabels {
+            sandbox_id: self.id.clone(),
+            tenant_id: self.tenant_id.clone(),
+        }
     }
 
     fn labels(&self) -> HashMap<String, String> {
@@ -801,7 +809,8 @@ impl Node {
         let node = self.clone();
         tokio::spawn(async move {
             let cfg = &node.inner.cfg;
-            let mut tick = tokio::time::interval(Duration::from_millis(cfg.meter_interval_ms.max(100)));
+            let mut tick =
+                tokio::time::interval(Duration::from_millis(cfg.meter_interval_ms.max(100)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let persist_every = Duration::from_secs(cfg.usage_persist_secs.max(1));
             let mut last_persist = std::time::Instant::now();
@@ -814,12 +823,35 @@ impl Node {
                     .filter(|sb| sb.state().status != Status::Destroyed)
                     .collect();
                 let meters: Vec<Arc<Meter>> = live.iter().map(|sb| sb.meter.clone()).collect();
-                let _ = blocking(move || {
-                    for m in meters {
-                        m.tick();
+                let usages =
+                    blocking(move || meters.iter().map(|m| m.lifetime()).collect::<Vec<_>>())
+                        .await
+                        .unwrap_or_default();
+                let metrics = &crate::metrics::METRICS;
+                for (sb, u) in live.iter().zip(usages.iter()) {
+                    // A sandbox destroyed meanwhile has had its series removed: keep it so.
+                    if sb.state().status != Status::Destroyed {
+                        metrics.sandbox_usage(&sb.metric_labels(), u);
                     }
-                })
-                .await;
+                }
+                let mut by_status: HashMap<&'static str, i64> = [
+                    ("STARTING", 0),
+                    ("READY", 0),
+                    ("FAILED", 0),
+                    ("DESTROYED", 0),
+                ]
+                .into();
+                for sb in node.list() {
+                    *by_status.entry(sb.state().status.word()).or_default() += 1;
+                }
+                for (status, n) in by_status {
+                    metrics
+                        .sandboxes
+                        .get_or_create(&crate::metrics::StatusLabels {
+                            status: status.into(),
+                        })
+                        .set(n);
+                }
                 if last_persist.elapsed() < persist_every {
                     continue;
                 }
@@ -913,6 +945,7 @@ impl Node {
                 t.by_session.remove(&key);
             }
         }
+        crate::metrics::METRICS.forget_sandbox(&sb.metric_labels());
         info!(sandbox_id = %sb.id, cpu_ms = usage.cpu_ms, "sandbox destroyed");
         Ok((sb, usage))
     }

@@ -27,6 +27,21 @@ impl Service {
     }
 }
 
+/// Runs a handler body, recording its count, code and latency.
+async fn observe<T>(
+    method: &'static str,
+    body: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let t = std::time::Instant::now();
+    let r = body.await;
+    let code = match &r {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    };
+    crate::metrics::METRICS.rpc(method, code, t.elapsed());
+    r
+}
+
 type ExecStream = Pin<Box<dyn Stream<Item = Result<pb::ExecEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -36,15 +51,18 @@ impl ComputeService for Service {
         &self,
         req: Request<pb::CreateSandboxRequest>,
     ) -> Result<Response<pb::CreateSandboxResponse>, Status> {
-        let sb = self
-            .node
-            .create(convert::create_request(req.into_inner())?)
-            .await?;
-        Ok(Response::new(pb::CreateSandboxResponse {
-            sandbox_id: sb.id.clone(),
-            status: pb::SandboxStatus::from(sb.state().status) as i32,
-            created_at: Some(convert::timestamp(sb.created_at)),
-        }))
+        observe("CreateSandbox", async move {
+            let sb = self
+                .node
+                .create(convert::create_request(req.into_inner())?)
+                .await?;
+            Ok(Response::new(pb::CreateSandboxResponse {
+                sandbox_id: sb.id.clone(),
+                status: pb::SandboxStatus::from(sb.state().status) as i32,
+                created_at: Some(convert::timestamp(sb.created_at)),
+            }))
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
@@ -52,11 +70,14 @@ impl ComputeService for Service {
         &self,
         req: Request<pb::DestroySandboxRequest>,
     ) -> Result<Response<pb::DestroySandboxResponse>, Status> {
-        let (sb, usage) = self.node.destroy(&req.into_inner().sandbox_id).await?;
-        Ok(Response::new(pb::DestroySandboxResponse {
-            sandbox_id: sb.id.clone(),
-            total_usage: Some(usage.into()),
-        }))
+        observe("DestroySandbox", async move {
+            let (sb, usage) = self.node.destroy(&req.into_inner().sandbox_id).await?;
+            Ok(Response::new(pb::DestroySandboxResponse {
+                sandbox_id: sb.id.clone(),
+                total_usage: Some(usage.into()),
+            }))
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
@@ -64,23 +85,26 @@ impl ComputeService for Service {
         &self,
         req: Request<pb::DescribeSandboxRequest>,
     ) -> Result<Response<pb::DescribeSandboxResponse>, Status> {
-        let sb = self.node.get(&req.into_inner().sandbox_id)?;
-        let usage = self.node.usage(&sb).await;
-        let state = sb.state();
-        let uptime = SystemTime::now()
-            .duration_since(sb.created_at)
-            .unwrap_or_default();
-        Ok(Response::new(pb::DescribeSandboxResponse {
-            sandbox_id: sb.id.clone(),
-            status: pb::SandboxStatus::from(state.status) as i32,
-            created_at: Some(convert::timestamp(sb.created_at)),
-            current_uptime: Some(convert::duration(uptime)),
-            current_usage: Some(usage.into()),
-            failure_reason: state.reason,
-            tenant_id: sb.tenant_id.clone(),
-            session_id: sb.session_id.clone(),
-            image: sb.image.clone(),
-        }))
+        observe("DescribeSandbox", async move {
+            let sb = self.node.get(&req.into_inner().sandbox_id)?;
+            let usage = self.node.usage(&sb).await;
+            let state = sb.state();
+            let uptime = SystemTime::now()
+                .duration_since(sb.created_at)
+                .unwrap_or_default();
+            Ok(Response::new(pb::DescribeSandboxResponse {
+                sandbox_id: sb.id.clone(),
+                status: pb::SandboxStatus::from(state.status) as i32,
+                created_at: Some(convert::timestamp(sb.created_at)),
+                current_uptime: Some(convert::duration(uptime)),
+                current_usage: Some(usage.into()),
+                failure_reason: state.reason,
+                tenant_id: sb.tenant_id.clone(),
+                session_id: sb.session_id.clone(),
+                image: sb.image.clone(),
+            }))
+        })
+        .await
     }
 
     type ExecCommandStream = ExecStream;
@@ -90,16 +114,20 @@ impl ComputeService for Service {
         &self,
         req: Request<pb::ExecCommandRequest>,
     ) -> Result<Response<Self::ExecCommandStream>, Status> {
-        let req = req.into_inner();
-        let id = req.sandbox_id.clone();
-        let ereq = convert::exec_request(req)?;
-        let sb = self.node.exec_prepare(&id, &ereq).await?;
-        let (tx, rx) = mpsc::channel(64);
-        let node = self.node.clone();
-        tokio::spawn(async move { node.exec(sb, ereq, tx).await });
-        let stream =
-            tokio_stream::wrappers::ReceiverStream::new(rx).map(|e| Ok(convert::exec_event(e)));
-        Ok(Response::new(Box::pin(stream)))
+        observe("ExecCommand", async move {
+            let req = req.into_inner();
+            let id = req.sandbox_id.clone();
+            let ereq = convert::exec_request(req)?;
+            let sb = self.node.exec_prepare(&id, &ereq).await?;
+            let (tx, rx) = mpsc::channel(64);
+            let node = self.node.clone();
+            tokio::spawn(async move { node.exec(sb, ereq, tx).await });
+            let stream =
+                tokio_stream::wrappers::ReceiverStream::new(rx).map(|e| Ok(convert::exec_event(e)));
+            let stream: Self::ExecCommandStream = Box::pin(stream);
+            Ok(Response::new(stream))
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
@@ -107,16 +135,19 @@ impl ComputeService for Service {
         &self,
         req: Request<pb::ReadFileRequest>,
     ) -> Result<Response<pb::ReadFileResponse>, Status> {
-        let req = req.into_inner();
-        let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
-        let r = blocking(move || ws.read(&req.path, req.offset, req.max_bytes))
-            .await?
-            .map_err(super::Error::from)?;
-        Ok(Response::new(pb::ReadFileResponse {
-            data: r.data,
-            total_size: r.total_size as i64,
-            eof: r.eof,
-        }))
+        observe("ReadFile", async move {
+            let req = req.into_inner();
+            let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
+            let r = blocking(move || ws.read(&req.path, req.offset, req.max_bytes))
+                .await?
+                .map_err(super::Error::from)?;
+            Ok(Response::new(pb::ReadFileResponse {
+                data: r.data,
+                total_size: r.total_size as i64,
+                eof: r.eof,
+            }))
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
@@ -124,14 +155,17 @@ impl ComputeService for Service {
         &self,
         req: Request<pb::WriteFileRequest>,
     ) -> Result<Response<pb::WriteFileResponse>, Status> {
-        let req = req.into_inner();
-        let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
-        let n = blocking(move || ws.write(&req.path, &req.data, req.append, req.mode))
-            .await?
-            .map_err(super::Error::from)?;
-        Ok(Response::new(pb::WriteFileResponse {
-            bytes_written: n as i64,
-        }))
+        observe("WriteFile", async move {
+            let req = req.into_inner();
+            let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
+            let n = blocking(move || ws.write(&req.path, &req.data, req.append, req.mode))
+                .await?
+                .map_err(super::Error::from)?;
+            Ok(Response::new(pb::WriteFileResponse {
+                bytes_written: n as i64,
+            }))
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
@@ -139,15 +173,18 @@ impl ComputeService for Service {
         &self,
         req: Request<pb::ListFilesRequest>,
     ) -> Result<Response<pb::ListFilesResponse>, Status> {
-        let req = req.into_inner();
-        let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
-        let (entries, truncated) =
-            blocking(move || ws.list(&req.path, req.recursive, req.max_entries))
-                .await?
-                .map_err(super::Error::from)?;
-        Ok(Response::new(pb::ListFilesResponse {
-            entries: entries.into_iter().map(Into::into).collect(),
-            truncated,
-        }))
+        observe("ListFiles", async move {
+            let req = req.into_inner();
+            let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
+            let (entries, truncated) =
+                blocking(move || ws.list(&req.path, req.recursive, req.max_entries))
+                    .await?
+                    .map_err(super::Error::from)?;
+            Ok(Response::new(pb::ListFilesResponse {
+                entries: entries.into_iter().map(Into::into).collect(),
+                truncated,
+            }))
+        })
+        .await
     }
 }

@@ -92,7 +92,10 @@ type Result<T> = std::result::Result<T, Error>;
 
 fn call_err(op: &'static str, what: impl Into<String>) -> impl FnOnce(tonic::Status) -> Error {
     let what = what.into();
-    move |status| Error::Call { op, what, status }
+    move |status| {
+        crate::metrics::METRICS.containerd_error(op);
+        Error::Call { op, what, status }
+    }
 }
 
 /// The state of a task (the sandbox's init process) as containerd reports it.

@@ -98,6 +98,8 @@ pub struct Daemon {
     pub namespace: String,
     /// Config file.
     pub config: PathBuf,
+    /// Prometheus metrics address.
+    pub metrics: String,
     /// Log file.
     pub log: PathBuf,
 }
@@ -111,10 +113,11 @@ pub fn start(name: &str, extra_config: &str) -> Daemon {
     let namespace = format!("test-{name}-{}", std::process::id());
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
+    let metrics = format!("127.0.0.1:{}", free_port());
     let socket = dir.path().join("compute.sock");
     let config = dir.path().join("config.toml");
     let toml = format!(
-        "listen = {addr:?}\nsocket = {socket:?}\ncontainerd_socket = {ctr:?}\nnamespace = {namespace:?}\n\
+        "listen = {addr:?}\nmetrics_listen = {metrics:?}\nsocket = {socket:?}\ncontainerd_socket = {ctr:?}\nnamespace = {namespace:?}\n\
          state_dir = {state:?}\nrun_dir = {run:?}\nsandbox_image = {IMAGE:?}\n{extra_config}\n",
         ctr = containerd_socket(),
         state = dir.path().join("state"),
@@ -143,6 +146,7 @@ pub fn start(name: &str, extra_config: &str) -> Daemon {
         socket,
         namespace,
         config,
+        metrics,
         log,
     };
     d.spawn();
@@ -205,6 +209,21 @@ impl Daemon {
         ComputeServiceClient::new(ch)
             .max_decoding_message_size(32 << 20)
             .max_encoding_message_size(32 << 20)
+    }
+
+    /// GET /metrics, as text.
+    pub fn scrape(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.metrics).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        out
     }
 
     /// The state directory.

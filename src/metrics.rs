@@ -1,0 +1,267 @@
+//! Prometheus metrics, served as text on a separate HTTP port (`metrics_listen`).
+//!
+//! One process-wide registry: per-sandbox usage counters (labels `sandbox_id`, `tenant_id`),
+//! sandboxes by status, RPC counts and latency by method and code, exec counts and durations,
+//! and containerd call errors by operation.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::metering::Usage;
+
+/// Labels of per-sandbox series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SandboxLabels {
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// Tenant.
+    pub tenant_id: String,
+}
+
+/// Labels of RPC series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    /// The RPC method.
+    pub method: String,
+    /// The gRPC code name.
+    pub code: String,
+}
+
+/// Labels of series by method only.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    /// The RPC method.
+    pub method: String,
+}
+
+/// Labels of the status gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    /// The sandbox status.
+    pub status: String,
+}
+
+/// Labels of exec series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecLabels {
+    /// `exited`, `cancelled`, `timed_out`, `oom_killed` or `failed`.
+    pub outcome: String,
+}
+
+/// Labels of containerd errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// The containerd operation, e.g. `Tasks.Start`.
+    pub op: String,
+}
+
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+}
+
+/// Every metric of the process.
+pub struct Metrics {
+    registry: Registry,
+    /// Per-sandbox cumulative usage, one counter family per field.
+    pub cpu_ms: Family<SandboxLabels, Counter>,
+    /// Memory peak (gauge: it can be reset by nothing, but is not a count).
+    pub memory_peak: Family<SandboxLabels, Gauge>,
+    /// Disk bytes read.
+    pub disk_read: Family<SandboxLabels, Counter>,
+    /// Disk bytes written.
+    pub disk_write: Family<SandboxLabels, Counter>,
+    /// Network bytes out.
+    pub net_egress: Family<SandboxLabels, Counter>,
+    /// Network bytes in.
+    pub net_ingress: Family<SandboxLabels, Counter>,
+    /// Sandboxes by status.
+    pub sandboxes: Family<StatusLabels, Gauge>,
+    /// RPCs by method and code.
+    pub rpcs: Family<RpcLabels, Counter>,
+    /// RPC latency by method.
+    pub rpc_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    /// Execs by outcome.
+    pub execs: Family<ExecLabels, Counter>,
+    /// Exec wall time.
+    pub exec_seconds: Histogram,
+    /// containerd call errors by operation.
+    pub containerd_errors: Family<OpLabels, Counter>,
+}
+
+/// The process-wide metrics.
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+impl Metrics {
+    fn new() -> Self {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("compute"),
+            cpu_ms: Family::default(),
+            memory_peak: Family::default(),
+            disk_read: Family::default(),
+            disk_write: Family::default(),
+            net_egress: Family::default(),
+            net_ingress: Family::default(),
+            sandboxes: Family::default(),
+            rpcs: Family::default(),
+            rpc_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
+            execs: Family::default(),
+            exec_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 18)),
+            containerd_errors: Family::default(),
+        };
+        let mut r = Registry::with_prefix("compute");
+        r.register(
+            "sandbox_cpu_milliseconds",
+            "CPU time of a sandbox",
+            m.cpu_ms.clone(),
+        );
+        r.register(
+            "sandbox_memory_peak_bytes",
+            "Peak memory of a sandbox",
+            m.memory_peak.clone(),
+        );
+        r.register(
+            "sandbox_disk_read_bytes",
+            "Workspace bytes read by a sandbox",
+            m.disk_read.clone(),
+        );
+        r.register(
+            "sandbox_disk_write_bytes",
+            "Workspace bytes written by a sandbox",
+            m.disk_write.clone(),
+        );
+        r.register(
+            "sandbox_network_egress_bytes",
+            "Bytes a sandbox sent",
+            m.net_egress.clone(),
+        );
+        r.register(
+            "sandbox_network_ingress_bytes",
+            "Bytes a sandbox received",
+            m.net_ingress.clone(),
+        );
+        r.register("sandboxes", "Sandboxes by status", m.sandboxes.clone());
+        r.register(
+            "rpc_requests",
+            "ComputeService RPCs by method and code",
+            m.rpcs.clone(),
+        );
+        r.register(
+            "rpc_duration_seconds",
+            "ComputeService RPC latency",
+            m.rpc_seconds.clone(),
+        );
+        r.register("execs", "Execs by outcome", m.execs.clone());
+        r.register(
+            "exec_duration_seconds",
+            "Exec wall time",
+            m.exec_seconds.clone(),
+        );
+        r.register(
+            "containerd_errors",
+            "containerd call errors by operation",
+            m.containerd_errors.clone(),
+        );
+        m.registry = r;
+        m
+    }
+
+    /// Records one RPC.
+    pub fn rpc(&self, method: &str, code: tonic::Code, took: Duration) {
+        self.rpcs
+            .get_or_create(&RpcLabels {
+                method: method.into(),
+                code: format!("{code:?}"),
+            })
+            .inc();
+        self.rpc_seconds
+            .get_or_create(&MethodLabels {
+                method: method.into(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records one finished exec.
+    pub fn exec(&self, outcome: &str, took: Duration) {
+        self.execs
+            .get_or_create(&ExecLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+        self.exec_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Records a failed containerd call.
+    pub fn containerd_error(&self, op: &str) {
+        self.containerd_errors
+            .get_or_create(&OpLabels { op: op.into() })
+            .inc();
+    }
+
+    /// Brings a sandbox's usage counters up to `u` (counters only move forward).
+    pub fn sandbox_usage(&self, l: &SandboxLabels, u: &Usage) {
+        let up = |c: &Counter, v: u64| {
+            let now = c.get();
+            if v > now {
+                c.inc_by(v - now);
+            }
+        };
+        up(&self.cpu_ms.get_or_create(l), u.cpu_ms);
+        up(&self.disk_read.get_or_create(l), u.disk_read_bytes);
+        up(&self.disk_write.get_or_create(l), u.disk_write_bytes);
+        up(&self.net_egress.get_or_create(l), u.network_egress_bytes);
+        up(&self.net_ingress.get_or_create(l), u.network_ingress_bytes);
+        self.memory_peak
+            .get_or_create(l)
+            .set(u.memory_peak_bytes as i64);
+    }
+
+    /// Drops a sandbox's series (after destroy).
+    pub fn forget_sandbox(&self, l: &SandboxLabels) {
+        self.cpu_ms.remove(l);
+        self.memory_peak.remove(l);
+        self.disk_read.remove(l);
+        self.disk_write.remove(l);
+        self.net_egress.remove(l);
+        self.net_ingress.remove(l);
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until the task is aborted.
+pub async fn serve(addr: String) -> std::io::Result<()> {
+    use hyper::service::service_fn;
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    tracing::info!(addr = %addr, "serving Prometheus metrics");
+    loop {
+        let (stream, _) = listener.accept().await?;
+        tokio::spawn(async move {
+            let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                let (status, body) = if req.uri().path() == "/metrics" {
+                    (200, METRICS.render())
+                } else {
+                    (404, "not found\n".to_string())
+                };
+                hyper::Response::builder()
+                    .status(status)
+                    .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
