@@ -282,15 +282,21 @@ mod tests {
                 std::fs::create_dir_all(root.join(c).join("compute/x")).unwrap();
             }
             std::fs::write(root.join("memory/compute/x/cgroup.procs"), "").unwrap();
-            std::fs::write(root.join("memory/compute/x/memory.stat"), "total_inactive_file 0\n")
-                .unwrap();
+            std::fs::write(
+                root.join("memory/compute/x/memory.stat"),
+                "total_inactive_file 0\n",
+            )
+            .unwrap();
             let f = Fake { _dir: dir, root };
             f.set(0, 0);
             f
         }
         fn set(&self, cpu_ns: u64, mem: u64) {
-            std::fs::write(self.root.join("cpuacct/compute/x/cpuacct.usage"), cpu_ns.to_string())
-                .unwrap();
+            std::fs::write(
+                self.root.join("cpuacct/compute/x/cpuacct.usage"),
+                cpu_ns.to_string(),
+            )
+            .unwrap();
             std::fs::write(
                 self.root.join("memory/compute/x/memory.usage_in_bytes"),
                 mem.to_string(),
@@ -338,7 +344,10 @@ mod tests {
         });
         f.set(20_000_000, 10);
         let u = m.lifetime();
-        assert_eq!(u.cpu_ms, 50, "a counter behind the persisted value does not go back");
+        assert_eq!(
+            u.cpu_ms, 50,
+            "a counter behind the persisted value does not go back"
+        );
         assert_eq!(u.memory_peak_bytes, 1000);
         f.set(60_000_000, 10);
         assert_eq!(m.lifetime().cpu_ms, 60);
