@@ -7,6 +7,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod install;
 pub mod metering;
 pub mod metrics;
 pub mod node;

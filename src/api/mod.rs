@@ -21,5 +21,13 @@ pub mod compute {
     }
 }
 
+/// `node.v1`: what a node tells the router.
+pub mod node {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("node.v1");
+    }
+}
+
 /// The encoded file descriptor set of every proto this crate serves, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("compute_descriptor");

@@ -23,6 +23,8 @@ struct Args {
 enum Cmd {
     /// Run the node daemon in the foreground.
     Node,
+    /// Install runsc on the host and register it with containerd (the DaemonSet's init step).
+    Install(computed::install::InstallOpts),
     /// One garbage-collection pass over expired soft-deleted workspaces (for a CronJob).
     Gc {
         /// Report what would be freed without deleting.
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
     let res = rt.block_on(async move {
         match args.cmd {
             Cmd::Node => run_node(cfg).await,
+            Cmd::Install(opts) => computed::install::run(&opts),
             Cmd::Gc { dry_run } => {
                 let dir = cfg.state_dir.clone();
                 let freed = tokio::task::spawn_blocking(move || {
