@@ -120,6 +120,14 @@ pub struct Config {
     pub pull_missing: bool,
     /// Registries reached over plain HTTP (`host:port`), e.g. a local mirror.
     pub insecure_registries: Vec<String>,
+    /// This node's name, reported to the router (`COMPUTE_NODE_NAME`; default: the host name).
+    pub node_name: String,
+    /// Take no new sandboxes (`COMPUTE_DRAINING=1`); existing ones keep working.
+    pub draining: bool,
+    /// Most sandboxes (STARTING or READY) this node takes.
+    pub max_sandboxes: u32,
+    /// How many millicores the node promises per core.
+    pub cpu_overcommit: f64,
     /// Log as JSON lines.
     pub log_json: bool,
 }
@@ -167,6 +175,10 @@ impl Default for Config {
             init_helper: "/bin/busybox".into(),
             pull_missing: true,
             insecure_registries: vec![],
+            node_name: String::new(),
+            draining: false,
+            max_sandboxes: 200,
+            cpu_overcommit: 4.0,
             log_json: false,
         }
     }
@@ -216,6 +228,12 @@ impl Config {
         }
         if let Some(v) = nonempty("COMPUTE_NAMESPACE") {
             self.namespace = v;
+        }
+        if let Some(v) = nonempty("COMPUTE_NODE_NAME") {
+            self.node_name = v;
+        }
+        if let Some(v) = nonempty("COMPUTE_DRAINING") {
+            self.draining = matches!(v.as_str(), "1" | "true" | "yes");
         }
         if let Some(v) = nonempty("SANDBOX_IMAGE") {
             self.sandbox_image = v;

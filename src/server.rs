@@ -34,6 +34,32 @@ pub enum Error {
 /// Largest gRPC message accepted or sent: a 16 MiB WriteFile plus framing.
 pub const MAX_MESSAGE: usize = 17 << 20;
 
+/// Server reflection, v1 and v1alpha (grpcurl 1.8 asks v1alpha), over every proto we serve.
+#[allow(clippy::type_complexity)]
+pub fn reflection() -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    Error,
+> {
+    let v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
+    let v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
+    Ok((v1, v1alpha))
+}
+
 /// Serves the node until `shutdown` resolves.
 pub async fn serve(
     node: Node,
@@ -71,16 +97,10 @@ pub async fn serve(
             }
         });
     }
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| Error::Reflection(e.to_string()))?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| Error::Reflection(e.to_string()))?;
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
+    let info = crate::api::node::v1::node_info_server::NodeInfoServer::new(
+        crate::node::info::InfoService::new(node.clone()),
+    );
     let svc = ComputeServiceServer::new(Service::new(node))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
@@ -92,6 +112,7 @@ pub async fn serve(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
+        .add_service(info)
         .add_service(svc);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -23,6 +23,8 @@ struct Args {
 enum Cmd {
     /// Run the node daemon in the foreground.
     Node,
+    /// Run the stateless cluster router in the foreground.
+    Router(RouterArgs),
     /// Install runsc on the host and register it with containerd (the DaemonSet's init step).
     Install(computed::install::InstallOpts),
     /// One garbage-collection pass over expired soft-deleted workspaces (for a CronJob).
@@ -36,6 +38,32 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ImageCmd,
     },
+}
+
+#[derive(clap::Args)]
+struct RouterArgs {
+    /// Address to serve ComputeService on.
+    #[arg(long, env = "COMPUTE_ROUTER_LISTEN", default_value = "0.0.0.0:50051")]
+    listen: String,
+    /// Static node list (`host:port,host:port`); without it, nodes come from Kubernetes.
+    #[arg(long, env = "COMPUTE_NODES", value_delimiter = ',')]
+    nodes: Vec<String>,
+    /// Namespace of the node DaemonSet's pods.
+    #[arg(long, env = "COMPUTE_NODE_NAMESPACE", default_value = "compute-system")]
+    namespace: String,
+    /// Label selector of the node DaemonSet's pods.
+    #[arg(
+        long,
+        env = "COMPUTE_NODE_SELECTOR",
+        default_value = "app.kubernetes.io/name=computed-node"
+    )]
+    selector: String,
+    /// The nodes' ComputeService port.
+    #[arg(long, default_value_t = 50051)]
+    node_port: u16,
+    /// Prometheus metrics address; empty disables.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_listen: String,
 }
 
 fn main() -> ExitCode {
@@ -58,6 +86,7 @@ fn main() -> ExitCode {
     let res = rt.block_on(async move {
         match args.cmd {
             Cmd::Node => run_node(cfg).await,
+            Cmd::Router(args) => run_router(args).await,
             Cmd::Install(opts) => computed::install::run(&opts),
             Cmd::Gc { dry_run } => {
                 let dir = cfg.state_dir.clone();
@@ -91,6 +120,55 @@ fn main() -> ExitCode {
     }
 }
 
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+    tracing::info!("shutting down");
+}
+
+async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
+    use computed::router::{discovery, service, Router, Settings};
+    let (nodes, watch_task) = if args.nodes.is_empty() {
+        let client = kube::Client::try_default().await?;
+        let (rx, task) =
+            discovery::watch_pods(client, &args.namespace, &args.selector, args.node_port);
+        tracing::info!(namespace = %args.namespace, selector = %args.selector, "discovering nodes through Kubernetes");
+        (rx, Some(task))
+    } else {
+        let set = discovery::static_nodes(&args.nodes);
+        tracing::info!(nodes = set.len(), "static node list");
+        let (tx, rx) = tokio::sync::watch::channel(set);
+        // Keep the sender alive for the router's lifetime: the set never changes.
+        std::mem::forget(tx);
+        (rx, None)
+    };
+    let router = Router::new(nodes, Settings::default());
+    let health = router.spawn_health_loop();
+    let metrics = (!args.metrics_listen.is_empty()).then(|| {
+        let addr = args.metrics_listen.clone();
+        tokio::spawn(async move {
+            if let Err(e) = computed::metrics::serve(addr).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        })
+    });
+    service::serve(router, &args.listen, shutdown_signal()).await?;
+    health.abort();
+    if let Some(t) = watch_task {
+        t.abort();
+    }
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    Ok(())
+}
+
 async fn run_node(cfg: Config) -> anyhow::Result<()> {
     let ctr = Containerd::connect(&cfg.containerd_socket, &cfg.namespace).await?;
     let choice = runtime::choose_runtime(&cfg)?;
@@ -120,16 +198,11 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
             }
         })
     });
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = term.recv() => {},
-        }
-        tracing::info!("shutting down; sandboxes keep running");
-    };
-    computed::server::serve(node, shutdown).await?;
+    computed::server::serve(node, async {
+        shutdown_signal().await;
+        tracing::info!("sandboxes keep running");
+    })
+    .await?;
     if let Some(gc) = gc {
         gc.abort();
     }

@@ -9,6 +9,7 @@
 mod error;
 pub mod exec;
 pub mod gc;
+pub mod info;
 pub mod service;
 
 use std::collections::HashMap;
@@ -545,6 +546,22 @@ impl Node {
                 if matches!(existing.state().status, Status::Starting | Status::Ready) {
                     return Ok(existing.clone());
                 }
+            }
+            if cfg.draining {
+                return Err(Error::Unavailable(
+                    "node is draining: it takes no new sandboxes".into(),
+                ));
+            }
+            let live = t
+                .by_id
+                .values()
+                .filter(|s| matches!(s.state().status, Status::Starting | Status::Ready))
+                .count();
+            if live >= cfg.max_sandboxes as usize {
+                return Err(Error::ResourceExhausted(format!(
+                    "node is at its maximum of {} sandboxes",
+                    cfg.max_sandboxes
+                )));
             }
             let id = uuid::Uuid::new_v4().to_string();
             let sb = Arc::new(Sandbox {

@@ -1,0 +1,203 @@
+//! ComputeService on the router: every call forwarded to the owning node, and the router's own
+//! health and reflection.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+use tracing::info;
+
+use super::{Error, NodeEndpoint, Router};
+use crate::api::compute::v1 as pb;
+use crate::api::compute::v1::compute_service_server::{ComputeService, ComputeServiceServer};
+
+/// ComputeService forwarding over a [`Router`].
+#[derive(Clone)]
+pub struct Forwarder {
+    r: Router,
+}
+
+impl Forwarder {
+    /// Forwards through `r`.
+    pub fn new(r: Router) -> Self {
+        Self { r }
+    }
+
+    /// Passes a node's answer through; a transport failure marks the node down.
+    fn pass<T>(
+        &self,
+        n: &NodeEndpoint,
+        r: Result<Response<T>, Status>,
+    ) -> Result<Response<T>, Status> {
+        match r {
+            Ok(resp) => Ok(Response::new(resp.into_inner())),
+            Err(s) => {
+                self.r.node_failed(n, &s);
+                Err(Error::Node(s).into())
+            }
+        }
+    }
+}
+
+type ExecStream = Pin<Box<dyn Stream<Item = Result<pb::ExecEvent, Status>> + Send>>;
+
+async fn observe<T>(
+    method: &'static str,
+    body: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let t = std::time::Instant::now();
+    let r = body.await;
+    let code = r.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+    crate::metrics::METRICS.rpc(method, code, t.elapsed());
+    r
+}
+
+#[tonic::async_trait]
+impl ComputeService for Forwarder {
+    async fn create_sandbox(
+        &self,
+        req: Request<pb::CreateSandboxRequest>,
+    ) -> Result<Response<pb::CreateSandboxResponse>, Status> {
+        observe("CreateSandbox", async move {
+            Ok(Response::new(self.r.create(req.into_inner()).await?))
+        })
+        .await
+    }
+
+    async fn destroy_sandbox(
+        &self,
+        req: Request<pb::DestroySandboxRequest>,
+    ) -> Result<Response<pb::DestroySandboxResponse>, Status> {
+        observe("DestroySandbox", async move {
+            let req = req.into_inner();
+            let n = self.r.owner(&req.sandbox_id).await?;
+            let r = self.r.client(&n)?.destroy_sandbox(req).await;
+            self.pass(&n, r)
+        })
+        .await
+    }
+
+    async fn describe_sandbox(
+        &self,
+        req: Request<pb::DescribeSandboxRequest>,
+    ) -> Result<Response<pb::DescribeSandboxResponse>, Status> {
+        observe("DescribeSandbox", async move {
+            let req = req.into_inner();
+            let n = self.r.owner(&req.sandbox_id).await?;
+            let r = self.r.client(&n)?.describe_sandbox(req).await;
+            self.pass(&n, r)
+        })
+        .await
+    }
+
+    type ExecCommandStream = ExecStream;
+
+    async fn exec_command(
+        &self,
+        req: Request<pb::ExecCommandRequest>,
+    ) -> Result<Response<Self::ExecCommandStream>, Status> {
+        observe("ExecCommand", async move {
+            let req = req.into_inner();
+            let n = self.r.owner(&req.sandbox_id).await?;
+            let r = self.r.client(&n)?.exec_command(req).await;
+            // Dropping the returned stream (the caller went away) drops the node's stream,
+            // which cancels the exec on the node.
+            let upstream = self.pass(&n, r)?.into_inner();
+            let stream: ExecStream = Box::pin(upstream);
+            Ok(Response::new(stream))
+        })
+        .await
+    }
+
+    async fn read_file(
+        &self,
+        req: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<pb::ReadFileResponse>, Status> {
+        observe("ReadFile", async move {
+            let req = req.into_inner();
+            let n = self.r.owner(&req.sandbox_id).await?;
+            let r = self.r.client(&n)?.read_file(req).await;
+            self.pass(&n, r)
+        })
+        .await
+    }
+
+    async fn write_file(
+        &self,
+        req: Request<pb::WriteFileRequest>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        observe("WriteFile", async move {
+            let req = req.into_inner();
+            let n = self.r.owner(&req.sandbox_id).await?;
+            let r = self.r.client(&n)?.write_file(req).await;
+            self.pass(&n, r)
+        })
+        .await
+    }
+
+    async fn list_files(
+        &self,
+        req: Request<pb::ListFilesRequest>,
+    ) -> Result<Response<pb::ListFilesResponse>, Status> {
+        observe("ListFiles", async move {
+            let req = req.into_inner();
+            let n = self.r.owner(&req.sandbox_id).await?;
+            let r = self.r.client(&n)?.list_files(req).await;
+            self.pass(&n, r)
+        })
+        .await
+    }
+}
+
+/// Serves the router on `listen` until `shutdown` resolves: ComputeService, health (SERVING
+/// while at least one node is ready) and reflection.
+pub async fn serve(
+    r: Router,
+    listen: &str,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::server::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    {
+        let r = r.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let ok = !r.ready_nodes().is_empty();
+                if last != Some(ok) {
+                    let st = if ok {
+                        tonic_health::ServingStatus::Serving
+                    } else {
+                        tonic_health::ServingStatus::NotServing
+                    };
+                    reporter.set_service_status("", st).await;
+                    reporter
+                        .set_service_status("compute.v1.ComputeService", st)
+                        .await;
+                    last = Some(ok);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
+    let (v1, v1alpha) = crate::server::reflection()?;
+    let svc = ComputeServiceServer::new(Forwarder::new(r))
+        .max_decoding_message_size(crate::server::MAX_MESSAGE)
+        .max_encoding_message_size(crate::server::MAX_MESSAGE);
+    let l = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| crate::server::Error::Bind {
+            addr: listen.to_string(),
+            source,
+        })?;
+    info!(addr = %listen, "router serving ComputeService");
+    Server::builder()
+        .add_service(health)
+        .add_service(v1)
+        .add_service(v1alpha)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), shutdown)
+        .await?;
+    Ok(())
+}

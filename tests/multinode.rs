@@ -1,0 +1,366 @@
+//! The cluster on one machine: three node daemons (each with its own containerd namespace,
+//! state and ports) behind two router replicas with a static node list.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use computed::api::compute::v1 as pb;
+use pb::compute_service_client::ComputeServiceClient;
+use tonic::transport::Channel;
+use tonic::Code;
+
+struct RouterProc {
+    child: Option<Child>,
+    addr: String,
+    nodes: String,
+    log: std::path::PathBuf,
+}
+
+impl RouterProc {
+    fn start(nodes: &str, dir: &std::path::Path, name: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut r = RouterProc {
+            child: None,
+            addr: format!("127.0.0.1:{port}"),
+            nodes: nodes.to_string(),
+            log: dir.join(format!("router-{name}.log")),
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_computed"))
+            .args([
+                "router",
+                "--listen",
+                &self.addr,
+                "--nodes",
+                &self.nodes,
+                "--metrics-listen",
+                "",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&self.addr).is_err() {
+            assert!(Instant::now() < deadline, "router did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    async fn client(&self) -> ComputeServiceClient<Channel> {
+        let ch = Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        ComputeServiceClient::new(ch)
+    }
+
+    /// Waits until the router sees `n` ready nodes (health SERVING and a create succeeds is too
+    /// coarse: poll until every node answered once).
+    async fn wait_nodes(&self) {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+}
+
+impl Drop for RouterProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Which node daemon owns a sandbox, by asking each directly.
+async fn owner(nodes: &[Daemon], id: &str) -> Option<usize> {
+    for (i, d) in nodes.iter().enumerate() {
+        let Ok(ch) = Channel::from_shared(format!("http://{}", d.addr))
+            .unwrap()
+            .connect()
+            .await
+        else {
+            continue; // a killed node
+        };
+        let mut c = ComputeServiceClient::new(ch);
+        if c.describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: id.into(),
+        })
+        .await
+        .is_ok()
+        {
+            return Some(i);
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_nodes_two_routers() {
+    if !prerequisites() {
+        return;
+    }
+    let mut nodes: Vec<Daemon> = ["a", "b", "c"]
+        .iter()
+        .map(|n| {
+            start(
+                &format!("mn-{n}"),
+                &format!("node_name = \"node-{n}\"\ncancel_grace_secs = 1"),
+            )
+        })
+        .collect();
+    let list = nodes
+        .iter()
+        .map(|d| d.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let mut r1 = RouterProc::start(&list, dir.path(), "1");
+    let r2 = RouterProc::start(&list, dir.path(), "2");
+    r1.wait_nodes().await;
+    r2.wait_nodes().await;
+    let mut c1 = r1.client().await;
+    let mut c2 = r2.client().await;
+
+    // Creates spread across the nodes.
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let c = if i % 2 == 0 { &mut c1 } else { &mut c2 };
+        ids.push(
+            c.create_sandbox(create_req("t", &format!("spread-{i}")))
+                .await
+                .unwrap()
+                .into_inner()
+                .sandbox_id,
+        );
+    }
+    let mut per_node: HashMap<usize, usize> = HashMap::new();
+    for id in &ids {
+        *per_node
+            .entry(owner(&nodes, id).await.expect("every sandbox is on a node"))
+            .or_default() += 1;
+    }
+    assert!(per_node.len() >= 2, "creates did not spread: {per_node:?}");
+
+    // Every RPC through either replica.
+    let id = ids[0].clone();
+    let o = exec(&mut c2, exec_req(&id, "python3", &["-c", "print(6 * 7)"]))
+        .await
+        .unwrap();
+    assert_eq!(o.out(), "42\n");
+    c1.write_file(pb::WriteFileRequest {
+        sandbox_id: id.clone(),
+        path: "r.txt".into(),
+        data: b"via router".to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = c2
+        .read_file(pb::ReadFileRequest {
+            sandbox_id: id.clone(),
+            path: "r.txt".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().data, b"via router");
+    let l = c2
+        .list_files(pb::ListFilesRequest {
+            sandbox_id: id.clone(),
+            path: ".".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(l.into_inner().entries.len(), 1);
+    let d = c1
+        .describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(d.status, SandboxStatus::Ready as i32);
+    // Errors pass through with their codes.
+    let unknown = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        c1.describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: unknown
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        c1.describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: "x".into()
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        c2.create_sandbox(create_req("", "s"))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::InvalidArgument
+    );
+    // Streaming and cancellation pass through: the node sees the client go away.
+    let mut s = c1
+        .exec_command(exec_req(&id, "sh", &["-c", "echo started; sleep 30"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.message().await.unwrap().is_some());
+    drop(s);
+    let owner_idx = owner(&nodes, &id).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !nodes[owner_idx]
+        .log_text()
+        .contains("exec cancelled by client")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "cancellation did not reach the node"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A router restart loses nothing: the new process finds owners by asking the nodes.
+    r1.kill();
+    r1.spawn();
+    r1.wait_nodes().await;
+    let mut c1 = r1.client().await;
+    for id in &ids {
+        let d = c1
+            .describe_sandbox(pb::DescribeSandboxRequest {
+                sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(&d.sandbox_id, id);
+    }
+    let o = exec(&mut c1, exec_req(&ids[1], "echo", &["after restart"]))
+        .await
+        .unwrap();
+    assert_eq!(o.out(), "after restart\n");
+
+    // One sandbox per session across replicas, under a parallel create storm.
+    let mut handles = Vec::new();
+    for i in 0..16 {
+        let addr = if i % 2 == 0 {
+            r1.addr.clone()
+        } else {
+            r2.addr.clone()
+        };
+        handles.push(tokio::spawn(async move {
+            let ch = Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            ComputeServiceClient::new(ch)
+                .create_sandbox(create_req("t", "storm"))
+                .await
+                .unwrap()
+                .into_inner()
+                .sandbox_id
+        }));
+    }
+    let mut storm = HashSet::new();
+    for h in handles {
+        storm.insert(h.await.unwrap());
+    }
+    assert_eq!(
+        storm.len(),
+        1,
+        "one session got several sandboxes: {storm:?}"
+    );
+
+    // A node that is gone: its sandboxes fail fast with UNAVAILABLE, the others keep working,
+    // and new sandboxes go elsewhere.
+    let victim = owner(&nodes, &ids[0]).await.unwrap();
+    nodes[victim].kill9();
+    let mut on_victim = None;
+    let mut elsewhere = None;
+    for id in &ids {
+        match owner(&nodes, id).await {
+            Some(i) if i != victim => elsewhere = Some(id.clone()),
+            None => on_victim = Some(id.clone()),
+            _ => {}
+        }
+    }
+    let on_victim = on_victim.expect("a sandbox on the killed node");
+    let elsewhere = elsewhere.expect("a sandbox on another node");
+    tokio::time::sleep(Duration::from_secs(5)).await; // routers notice the node is gone
+    for c in [&mut c1, &mut c2] {
+        let t = Instant::now();
+        let e = c
+            .describe_sandbox(pb::DescribeSandboxRequest {
+                sandbox_id: on_victim.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            t.elapsed()
+        );
+        let o = exec(c, exec_req(&elsewhere, "echo", &["fine"]))
+            .await
+            .unwrap();
+        assert_eq!(o.out(), "fine\n");
+    }
+    for i in 0..6 {
+        let id = c2
+            .create_sandbox(create_req("t", &format!("after-kill-{i}")))
+            .await
+            .unwrap()
+            .into_inner()
+            .sandbox_id;
+        let at = owner(&nodes, &id).await;
+        assert!(
+            at.is_some() && at != Some(victim),
+            "placed on the dead node"
+        );
+    }
+    // Bring the node back (its sandboxes were never lost: it recovers them from containerd).
+    nodes[victim].spawn();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let d = c1
+        .describe_sandbox(pb::DescribeSandboxRequest {
+            sandbox_id: on_victim.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(d.status, SandboxStatus::Ready as i32);
+}
