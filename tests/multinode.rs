@@ -131,11 +131,11 @@ async fn three_nodes_two_routers() {
             )
         })
         .collect();
-    let list = nodes
-        .iter()
-        .map(|d| d.addr.clone())
-        .collect::<Vec<_>>()
-        .join(",");
+    // A fourth node, marked draining: it takes no new sandboxes.
+    let drain = start("mn-d", "node_name = \"node-d\"\ndraining = true");
+    let mut addrs: Vec<String> = nodes.iter().map(|d| d.addr.clone()).collect();
+    addrs.push(drain.addr.clone());
+    let list = addrs.join(",");
     let dir = tempfile::tempdir().unwrap();
     let mut r1 = RouterProc::start(&list, dir.path(), "1");
     let r2 = RouterProc::start(&list, dir.path(), "2");
@@ -163,6 +163,25 @@ async fn three_nodes_two_routers() {
             .or_default() += 1;
     }
     assert!(per_node.len() >= 2, "creates did not spread: {per_node:?}");
+    let mut dc = drain.client().await;
+    for id in &ids {
+        assert!(
+            dc.describe_sandbox(pb::DescribeSandboxRequest {
+                sandbox_id: id.clone()
+            })
+            .await
+            .is_err(),
+            "a sandbox was placed on the draining node"
+        );
+    }
+    // The draining node refuses a direct create too.
+    assert_eq!(
+        dc.create_sandbox(create_req("t", "direct"))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::Unavailable
+    );
 
     // Every RPC through either replica.
     let id = ids[0].clone();
