@@ -20,6 +20,14 @@ fn pod(name: &str, node: &str, ip: &str, ready: bool, rv: &str) -> serde_json::V
     })
 }
 
+fn node(name: &str, unschedulable: bool, rv: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": rv},
+        "spec": {"unschedulable": unschedulable}
+    })
+}
+
 fn respond(body: String) -> Response<Body> {
     Response::builder()
         .status(200)
@@ -36,13 +44,17 @@ async fn node_set_follows_the_daemonset_pods() {
         "compute-system",
         "app.kubernetes.io/name=computed-node",
         50051,
+        true,
     );
 
-    // The fake API server: one list, then watch responses in order, each released by the test
-    // once it has seen the state before it.
-    let (go_tx, mut go) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let server = tokio::spawn(async move {
-        let mut watches = vec![
+    // The fake API server: pod and node lists, then watch responses in order, each released
+    // by the test once it has seen the state before it.
+    let (go_tx, go) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (node_go_tx, node_go) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let go = std::sync::Arc::new(tokio::sync::Mutex::new(go));
+    let node_go = std::sync::Arc::new(tokio::sync::Mutex::new(node_go));
+    let pod_watches = std::sync::Arc::new(std::sync::Mutex::new(
+        vec![
             // pod-b becomes ready; pod-c is added not ready.
             vec![
                 json!({"type": "MODIFIED", "object": pod("pod-b", "node-b", "10.0.0.2", true, "11")}),
@@ -51,46 +63,66 @@ async fn node_set_follows_the_daemonset_pods() {
             // pod-a goes away.
             vec![json!({"type": "DELETED", "object": pod("pod-a", "node-a", "10.0.0.1", true, "13")})],
         ]
-        .into_iter();
-        let mut seen = Vec::new();
+        .into_iter(),
+    ));
+    let node_watches = std::sync::Arc::new(std::sync::Mutex::new(
+        vec![vec![
+            json!({"type": "MODIFIED", "object": node("node-b", true, "21")}),
+        ]]
+        .into_iter(),
+    ));
+    let server = tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
             let uri = req.uri().to_string();
-            seen.push(uri.clone());
-            assert!(
-                uri.starts_with("/api/v1/namespaces/compute-system/pods"),
-                "{uri}"
-            );
-            assert!(
-                uri.contains("labelSelector=app.kubernetes.io%2Fname%3Dcomputed-node"),
-                "{uri}"
-            );
-            if uri.contains("watch=true") {
-                if go.recv().await.is_none() {
-                    break;
-                }
-                match watches.next() {
-                    Some(events) => {
-                        let body = events
-                            .iter()
-                            .map(|e| e.to_string() + "\n")
-                            .collect::<String>();
-                        send.send_response(respond(body));
+            let (go, node_go) = (go.clone(), node_go.clone());
+            let (pod_watches, node_watches) = (pod_watches.clone(), node_watches.clone());
+            tokio::spawn(async move {
+                let watching = uri.contains("watch=true");
+                if uri.starts_with("/api/v1/nodes") {
+                    if !watching {
+                        let list = json!({"apiVersion": "v1", "kind": "NodeList",
+                            "metadata": {"resourceVersion": "20"},
+                            "items": [node("node-a", false, "19"), node("node-b", false, "19")]});
+                        send.send_response(respond(list.to_string()));
+                        return;
                     }
-                    // No more scripted events: hold the watch open.
-                    None => {
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    let _ = node_go.lock().await.recv().await;
+                    let next = node_watches.lock().unwrap().next();
+                    match next {
+                        Some(events) => send.send_response(respond(
+                            events.iter().map(|e| e.to_string() + "\n").collect(),
+                        )),
+                        None => tokio::time::sleep(Duration::from_secs(3600)).await,
                     }
+                    return;
                 }
-            } else {
-                let list = json!({
-                    "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "10"},
-                    "items": [pod("pod-a", "node-a", "10.0.0.1", true, "9"),
-                              pod("pod-b", "node-b", "10.0.0.2", false, "9")]
-                });
-                send.send_response(respond(list.to_string()));
-            }
+                assert!(
+                    uri.starts_with("/api/v1/namespaces/compute-system/pods"),
+                    "{uri}"
+                );
+                assert!(
+                    uri.contains("labelSelector=app.kubernetes.io%2Fname%3Dcomputed-node"),
+                    "{uri}"
+                );
+                if !watching {
+                    let list = json!({
+                        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "10"},
+                        "items": [pod("pod-a", "node-a", "10.0.0.1", true, "9"),
+                                  pod("pod-b", "node-b", "10.0.0.2", false, "9")]
+                    });
+                    send.send_response(respond(list.to_string()));
+                    return;
+                }
+                let _ = go.lock().await.recv().await;
+                let next = pod_watches.lock().unwrap().next();
+                match next {
+                    Some(events) => send.send_response(respond(
+                        events.iter().map(|e| e.to_string() + "\n").collect(),
+                    )),
+                    None => tokio::time::sleep(Duration::from_secs(3600)).await,
+                }
+            });
         }
-        seen
     });
 
     let wait_for = |want: &'static [&'static str]| {
@@ -128,6 +160,21 @@ async fn node_set_follows_the_daemonset_pods() {
         rx.borrow_and_update()["node-b"].url,
         "http://10.0.0.2:50051"
     );
+    assert!(!rx.borrow()["node-b"].cordoned);
+    // node-b is cordoned: still a node (its sandboxes stay reachable), but marked, so that
+    // placement skips it.
+    node_go_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !rx
+            .borrow_and_update()
+            .get("node-b")
+            .is_some_and(|n| n.cordoned)
+        {
+            rx.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("cordon never seen");
     task.abort();
     server.abort();
 }

@@ -58,6 +58,10 @@ struct RouterArgs {
         default_value = "app.kubernetes.io/name=computed-node"
     )]
     selector: String,
+    /// Also watch Kubernetes Nodes: pods on cordoned nodes take no new sandboxes (needs
+    /// get/list/watch on nodes).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    watch_nodes: bool,
     /// The nodes' ComputeService port.
     #[arg(long, default_value_t = 50051)]
     node_port: u16,
@@ -136,8 +140,13 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     use computed::router::{discovery, service, Router, Settings};
     let (nodes, watch_task) = if args.nodes.is_empty() {
         let client = kube::Client::try_default().await?;
-        let (rx, task) =
-            discovery::watch_pods(client, &args.namespace, &args.selector, args.node_port);
+        let (rx, task) = discovery::watch_pods(
+            client,
+            &args.namespace,
+            &args.selector,
+            args.node_port,
+            args.watch_nodes,
+        );
         tracing::info!(namespace = %args.namespace, selector = %args.selector, "discovering nodes through Kubernetes");
         (rx, Some(task))
     } else {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use futures::TryStreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher;
 use kube::Api;
 use tokio::sync::watch;
@@ -24,7 +24,14 @@ pub fn static_nodes(urls: &[String]) -> NodeSet {
                 format!("http://{u}")
             };
             let name = url.split("://").nth(1).unwrap_or(&url).to_string();
-            (name.clone(), NodeEndpoint { name, url })
+            (
+                name.clone(),
+                NodeEndpoint {
+                    name,
+                    url,
+                    cordoned: false,
+                },
+            )
         })
         .collect()
 }
@@ -57,6 +64,7 @@ pub fn pod_endpoint(pod: &Pod, port: u16) -> Option<NodeEndpoint> {
     Some(NodeEndpoint {
         name,
         url: format!("http://{host}:{port}"),
+        cordoned: false,
     })
 }
 
@@ -68,59 +76,106 @@ fn key(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// Watches the pods matching `selector` in `namespace` and publishes the ready ones. Runs until
-/// the returned task is aborted; watch errors are retried with backoff by kube's watcher.
+enum Change {
+    Pods(Box<watcher::Event<Pod>>),
+    Nodes(Box<watcher::Event<Node>>),
+}
+
+/// Applies one watcher event to a map of objects, buffering a re-list until it is complete.
+fn apply<K: Clone>(
+    ev: watcher::Event<K>,
+    key: impl Fn(&K) -> String,
+    live: &mut BTreeMap<String, K>,
+    init: &mut Option<BTreeMap<String, K>>,
+) {
+    match ev {
+        watcher::Event::Init => *init = Some(BTreeMap::new()),
+        watcher::Event::InitApply(o) => {
+            if let Some(m) = init.as_mut() {
+                m.insert(key(&o), o);
+            }
+        }
+        watcher::Event::InitDone => {
+            if let Some(m) = init.take() {
+                *live = m;
+            }
+        }
+        watcher::Event::Apply(o) => {
+            live.insert(key(&o), o);
+        }
+        watcher::Event::Delete(o) => {
+            live.remove(&key(&o));
+        }
+    }
+}
+
+/// Watches the pods matching `selector` in `namespace` and publishes the ready ones; with
+/// `watch_nodes`, also watches the cluster's Nodes and marks the pods on cordoned
+/// (unschedulable) nodes, which then take no new sandboxes. Runs until the returned task is
+/// aborted; watch errors are retried with backoff by kube's watcher.
 pub fn watch_pods(
     client: kube::Client,
     namespace: &str,
     selector: &str,
     port: u16,
+    watch_nodes: bool,
 ) -> (watch::Receiver<NodeSet>, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
     let (tx, rx) = watch::channel(NodeSet::new());
-    let api: Api<Pod> = Api::namespaced(client, namespace);
-    let cfg = watcher::Config::default().labels(selector);
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pods = watcher(pods_api, watcher::Config::default().labels(selector))
+        .default_backoff()
+        .map(|e| e.map(|ev| Change::Pods(Box::new(ev))));
+    let nodes = if watch_nodes {
+        let nodes_api: Api<Node> = Api::all(client);
+        watcher(nodes_api, watcher::Config::default())
+            .default_backoff()
+            .map(|e| e.map(|ev| Change::Nodes(Box::new(ev))))
+            .boxed()
+    } else {
+        futures::stream::pending().boxed()
+    };
     let ns = namespace.to_string();
     let task = tokio::spawn(async move {
-        use kube::runtime::WatchStreamExt;
-        let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
-        let mut init: Option<BTreeMap<String, Pod>> = None;
-        let stream = watcher(api, cfg).default_backoff();
+        let mut pods_live: BTreeMap<String, Pod> = BTreeMap::new();
+        let mut pods_init: Option<BTreeMap<String, Pod>> = None;
+        let mut nodes_live: BTreeMap<String, Node> = BTreeMap::new();
+        let mut nodes_init: Option<BTreeMap<String, Node>> = None;
+        let stream = futures::stream::select(pods, nodes);
         futures::pin_mut!(stream);
         loop {
-            let ev = match stream.try_next().await {
-                Ok(Some(ev)) => ev,
+            match stream.try_next().await {
+                Ok(Some(Change::Pods(ev))) => apply(*ev, key, &mut pods_live, &mut pods_init),
+                Ok(Some(Change::Nodes(ev))) => apply(
+                    *ev,
+                    |n: &Node| n.metadata.name.clone().unwrap_or_default(),
+                    &mut nodes_live,
+                    &mut nodes_init,
+                ),
                 Ok(None) => return,
                 Err(e) => {
-                    warn!(namespace = %ns, error = %e, "pod watch error");
+                    warn!(namespace = %ns, error = %e, "watch error");
                     continue;
                 }
-            };
-            match ev {
-                watcher::Event::Init => init = Some(BTreeMap::new()),
-                watcher::Event::InitApply(p) => {
-                    if let Some(m) = init.as_mut() {
-                        m.insert(key(&p), p);
-                    }
-                }
-                watcher::Event::InitDone => {
-                    if let Some(m) = init.take() {
-                        pods = m;
-                    }
-                }
-                watcher::Event::Apply(p) => {
-                    pods.insert(key(&p), p);
-                }
-                watcher::Event::Delete(p) => {
-                    pods.remove(&key(&p));
-                }
             }
-            if init.is_some() {
+            if pods_init.is_some() {
                 continue;
             }
-            let set: NodeSet = pods
+            let cordoned = |name: &str| {
+                nodes_live
+                    .get(name)
+                    .and_then(|n| n.spec.as_ref())
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false)
+            };
+            let set: NodeSet = pods_live
                 .values()
                 .filter_map(|p| pod_endpoint(p, port))
-                .map(|n| (n.name.clone(), n))
+                .map(|mut n| {
+                    n.cordoned = cordoned(&n.name);
+                    (n.name.clone(), n)
+                })
                 .collect();
             if *tx.borrow() != set {
                 info!(nodes = set.len(), "node set changed");

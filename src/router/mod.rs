@@ -72,6 +72,8 @@ pub struct NodeEndpoint {
     pub name: String,
     /// Its gRPC URL, e.g. `http://10.0.0.5:50051`.
     pub url: String,
+    /// The Kubernetes node is cordoned (unschedulable): no new sandboxes go there.
+    pub cordoned: bool,
 }
 
 /// The node set: name → endpoint.
@@ -277,14 +279,15 @@ impl Router {
         let mut c: Vec<(u64, NodeEndpoint)> = self
             .ready_nodes()
             .into_iter()
-            .filter(|(_, i)| {
+            .filter(|(n, i)| {
                 !i.draining
+                    && !n.cordoned
                     && (i.max_sandboxes == 0 || i.live_sandboxes < i.max_sandboxes)
                     && i.free_memory_bytes >= memory
             })
             .map(|(n, _)| (score(&key, &n.name), n))
             .collect();
-        c.sort_by(|a, b| b.0.cmp(&a.0));
+        c.sort_by_key(|(score, _)| std::cmp::Reverse(*score));
         c.into_iter().map(|(_, n)| n).collect()
     }
 
@@ -394,6 +397,72 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn info(name: &str, draining: bool, live: u32, free: u64) -> GetInfoResponse {
+        GetInfoResponse {
+            node_name: name.into(),
+            live_sandboxes: live,
+            max_sandboxes: 10,
+            free_memory_bytes: free,
+            draining,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn placement_skips_draining_cordoned_full_and_stale_nodes() {
+        let mut set = NodeSet::new();
+        for (name, cordoned) in [
+            ("ok1", false),
+            ("ok2", false),
+            ("drain", false),
+            ("cordon", true),
+            ("full", false),
+            ("small", false),
+            ("stale", false),
+        ] {
+            set.insert(
+                name.into(),
+                NodeEndpoint {
+                    name: name.into(),
+                    url: format!("http://{name}:1"),
+                    cordoned,
+                },
+            );
+        }
+        let (_tx, rx) = watch::channel(set);
+        let r = Router::new(rx, Settings::default());
+        {
+            let mut h = lock(&r.inner.health);
+            let fresh = |i| Health {
+                info: Some(i),
+                ok_at: Some(Instant::now()),
+            };
+            h.insert("ok1".into(), fresh(info("ok1", false, 0, 8 << 30)));
+            h.insert("ok2".into(), fresh(info("ok2", false, 3, 8 << 30)));
+            h.insert("drain".into(), fresh(info("drain", true, 0, 8 << 30)));
+            h.insert("cordon".into(), fresh(info("cordon", false, 0, 8 << 30)));
+            h.insert("full".into(), fresh(info("full", false, 10, 8 << 30)));
+            h.insert("small".into(), fresh(info("small", false, 0, 100 << 20)));
+            h.insert(
+                "stale".into(),
+                Health {
+                    info: Some(info("stale", false, 0, 8 << 30)),
+                    ok_at: None,
+                },
+            );
+        }
+        for i in 0..50 {
+            let p = r.placement("t", &format!("s{i}"), 1 << 30);
+            let names: Vec<_> = p.iter().map(|n| n.name.as_str()).collect();
+            assert!(
+                names.len() == 2 && names.contains(&"ok1") && names.contains(&"ok2"),
+                "{names:?}"
+            );
+            // The same session always gets the same first choice.
+            assert_eq!(r.placement("t", &format!("s{i}"), 1 << 30)[0], p[0]);
+        }
+    }
 
     #[test]
     fn rendezvous_is_stable_and_spreads() {
