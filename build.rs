@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/compute/v1/compute.proto",
                 "proto/common/v1/usage.proto",
                 "proto/node/v1/node.proto",
+                "proto/admin/v1/admin.proto",
             ],
             &["proto"],
         )?;

@@ -120,6 +120,11 @@ pub struct Config {
     pub pull_missing: bool,
     /// Registries reached over plain HTTP (`host:port`), e.g. a local mirror.
     pub insecure_registries: Vec<String>,
+    /// Also serve the admin service (computectl's backend) on the TCP listener. It is always
+    /// on the unix socket.
+    pub admin_tcp: bool,
+    /// Group that owns the unix socket (mode 0660); empty keeps root's group.
+    pub socket_group: String,
     /// This node's name, reported to the router (`COMPUTE_NODE_NAME`; default: the host name).
     pub node_name: String,
     /// Take no new sandboxes (`COMPUTE_DRAINING=1`); existing ones keep working.
@@ -175,6 +180,8 @@ impl Default for Config {
             init_helper: "/bin/busybox".into(),
             pull_missing: true,
             insecure_registries: vec![],
+            admin_tcp: false,
+            socket_group: String::new(),
             node_name: String::new(),
             draining: false,
             max_sandboxes: 200,

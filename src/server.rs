@@ -101,6 +101,9 @@ pub async fn serve(
     let info = crate::api::node::v1::node_info_server::NodeInfoServer::new(
         crate::node::info::InfoService::new(node.clone()),
     );
+    let admin = crate::api::admin::v1::node_admin_server::NodeAdminServer::new(
+        crate::node::admin::AdminService::new(node.clone()),
+    );
     let svc = ComputeServiceServer::new(Service::new(node))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
@@ -114,6 +117,13 @@ pub async fn serve(
         .add_service(reflection_v1alpha)
         .add_service(info)
         .add_service(svc);
+    // The admin service is always on the unix socket; on TCP only when configured.
+    let with_admin = router.clone().add_service(admin);
+    let tcp_router = if cfg.admin_tcp {
+        with_admin.clone()
+    } else {
+        router
+    };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -133,7 +143,7 @@ pub async fn serve(
                 source,
             })?;
         info!(addr = %cfg.listen, "serving ComputeService on TCP");
-        let r = router.clone();
+        let r = tcp_router;
         let rx = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             r.serve_with_incoming_shutdown(TcpListenerStream::new(l), stopped(rx))
@@ -141,9 +151,9 @@ pub async fn serve(
         }));
     }
     if !cfg.socket.as_os_str().is_empty() {
-        let l = bind_unix(&cfg.socket)?;
-        info!(path = %cfg.socket.display(), "serving ComputeService on unix socket");
-        let r = router.clone();
+        let l = bind_unix(&cfg.socket, &cfg.socket_group)?;
+        info!(path = %cfg.socket.display(), "serving ComputeService and NodeAdmin on unix socket");
+        let r = with_admin;
         let rx = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             r.serve_with_incoming_shutdown(UnixListenerStream::new(l), stopped(rx))
@@ -180,7 +190,7 @@ fn undecodable_is_invalid_argument(
     resp
 }
 
-fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, Error> {
+fn bind_unix(path: &Path, group: &str) -> Result<tokio::net::UnixListener, Error> {
     use std::os::unix::fs::PermissionsExt;
     let err = |source| Error::Bind {
         addr: path.display().to_string(),
@@ -196,5 +206,16 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, Error> {
     }
     let l = tokio::net::UnixListener::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    if !group.is_empty() {
+        let gid = match group.parse::<u32>() {
+            Ok(g) => g,
+            Err(_) => nix::unistd::Group::from_name(group)
+                .ok()
+                .flatten()
+                .map(|g| g.gid.as_raw())
+                .ok_or_else(|| err(std::io::Error::other(format!("no group {group:?}"))))?,
+        };
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(err)?;
+    }
     Ok(l)
 }

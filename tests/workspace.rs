@@ -731,12 +731,12 @@ async fn soft_delete_then_gc_after_the_grace_period() {
     .await
     .unwrap();
     let base = d.state_dir().join("workspaces").join(&id);
-    let state_dir = d.state_dir();
+    let socket = d.socket.clone();
     let config = d.config.clone();
     let computectl = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_computectl"))
-            .arg("--state-dir")
-            .arg(&state_dir)
+            .arg("--socket")
+            .arg(&socket)
             .args(args)
             .output()
             .unwrap();

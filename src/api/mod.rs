@@ -21,6 +21,14 @@ pub mod compute {
     }
 }
 
+/// `admin.v1`: the operator's view of a node.
+pub mod admin {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("admin.v1");
+    }
+}
+
 /// `node.v1`: what a node tells the router.
 pub mod node {
     /// Version 1.

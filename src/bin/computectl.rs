@@ -1,78 +1,117 @@
-//! `computectl`: the operator CLI for one node.
+//! `computectl`: the operator CLI for one node, over its unix socket (or `--addr`).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use computed::cli::{self, image::ImageCmd, trash::TrashCmd};
+use clap::{CommandFactory, Parser, Subcommand};
+use computed::cli::{
+    self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, top::TopArgs,
+    trash::TrashCmd, Target,
+};
 
 #[derive(Parser)]
 #[command(
     name = "computectl",
     version,
-    about = "Inspect and manage the sandboxes of one node"
+    about = "Inspect and manage the sandboxes of one node",
+    after_help = "Examples:\n  computectl ls\n  computectl describe 3f2a…\n  computectl exec 3f2a… -- python3 -c 'print(42)'\n  computectl cp ./data.csv 3f2a…:data.csv\n  computectl top\n  computectl doctor"
 )]
 struct Args {
-    /// containerd socket.
-    #[arg(
-        long,
-        global = true,
-        env = "CONTAINERD_ADDRESS",
-        default_value = "/run/containerd/containerd.sock"
-    )]
-    containerd: PathBuf,
-    /// The node's state directory (workspaces and their tombstones).
-    #[arg(
-        long,
-        global = true,
-        env = "COMPUTE_STATE_DIR",
-        default_value = "/var/lib/compute"
-    )]
-    state_dir: PathBuf,
-    /// containerd namespace.
-    #[arg(
-        long,
-        global = true,
-        env = "COMPUTE_NAMESPACE",
-        default_value = "compute"
-    )]
-    namespace: String,
+    #[command(flatten)]
+    target: Target,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Soft-deleted workspaces, until GC.
+    /// List sandboxes (table, -o wide, -o json).
+    Ls(LsArgs),
+    /// Show one sandbox.
+    Describe {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Run a command in a sandbox; exits with its code.
+    Exec(ExecArgs),
+    /// Copy a file to or from a workspace: `cp LOCAL ID:PATH` or `cp ID:PATH LOCAL`.
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+    },
+    /// Live CPU and memory per sandbox.
+    Top(TopArgs),
+    /// Destroy sandboxes (workspaces go to the trash).
+    Destroy {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Delete expired soft-deleted workspaces now.
+    Gc {
+        /// Show what would be freed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Soft-deleted workspaces.
     Trash {
         #[command(subcommand)]
         cmd: TrashCmd,
     },
-    /// Manage sandbox images.
+    /// Sandbox images.
     Image {
         #[command(subcommand)]
         cmd: ImageCmd,
+    },
+    /// Check containerd, runsc, cgroups, KVM, disk, config and the daemon.
+    Doctor(DoctorArgs),
+    /// Print a shell completion script.
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    cli::init_tracing(false);
-    let rt = match tokio::runtime::Runtime::new() {
+    if let Cmd::Completion { shell } = &args.cmd {
+        clap_complete::generate(
+            *shell,
+            &mut Args::command(),
+            "computectl",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("computectl: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let res = rt.block_on(async move {
+    let t = args.target;
+    let res: anyhow::Result<i32> = rt.block_on(async move {
         match args.cmd {
-            Cmd::Image { cmd } => cli::image::run(cmd, &args.containerd, &args.namespace).await,
-            Cmd::Trash { cmd } => cli::trash::run(cmd, &args.state_dir),
+            Cmd::Ls(a) => cli::ls::run(&t, a).await.map(|_| 0),
+            Cmd::Describe { id } => cli::describe::run(&t, &id).await.map(|_| 0),
+            Cmd::Exec(a) => cli::exec::run(&t, a).await,
+            Cmd::Cp { src, dst } => cli::cp::run(&t, &src, &dst).await.map(|_| 0),
+            Cmd::Top(a) => cli::top::run(&t, a).await.map(|_| 0),
+            Cmd::Destroy { ids } => cli::destroy::run(&t, &ids).await.map(|_| 0),
+            Cmd::Gc { dry_run } => cli::gc::run(&t, dry_run).await.map(|_| 0),
+            Cmd::Trash { cmd } => cli::trash::run(&t, cmd).await.map(|_| 0),
+            Cmd::Image { cmd } => cli::image::run(&t, cmd).await.map(|_| 0),
+            Cmd::Doctor(a) => cli::doctor::run(&t, a).await.map(|_| 0),
+            Cmd::Completion { .. } => Ok(0),
         }
     });
     match res {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from((code & 0xff) as u8),
         Err(e) => {
             eprintln!("computectl: {e:#}");
             ExitCode::FAILURE

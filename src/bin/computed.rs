@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use computed::cli::{self, image::ImageCmd};
+use computed::cli::{self, local_image::ImageCmd};
 use computed::config::Config;
 use computed::node::Node;
 use computed::runtime::{self, Containerd, Runtime};
@@ -111,7 +111,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Cmd::Image { cmd } => {
-                cli::image::run(cmd, &cfg.containerd_socket, &cfg.namespace).await
+                cli::local_image::run(cmd, &cfg.containerd_socket, &cfg.namespace).await
             }
         }
     });

@@ -1,18 +1,21 @@
-//! `image import|alias|ls`: manage the node's sandbox images directly in containerd.
-
-use std::path::PathBuf;
+//! `computectl image ls|import|pull|alias`: the node's sandbox images, through the node daemon,
+//! with a progress bar for import and pull.
 
 use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::runtime::{image, Containerd};
+use super::{human_bytes, status_error, table, Output, Target};
+use crate::api::admin::v1 as pb;
 
 /// Image commands.
 #[derive(Debug, Subcommand)]
 pub enum ImageCmd {
-    /// Import an OCI image-layout tarball (plain or gzip).
+    /// List images.
+    Ls,
+    /// Import an OCI image-layout tarball that is on the node.
     Import {
-        /// The tarball.
-        file: PathBuf,
+        /// Path of the tarball on the node.
+        file: String,
         /// Name to import it under (default: the names annotated in its index).
         #[arg(long)]
         name: Option<String>,
@@ -21,9 +24,6 @@ pub enum ImageCmd {
     Pull {
         /// The reference, e.g. `registry.example.com/team/image:tag`.
         reference: String,
-        /// Reach this registry (`host:port`) over plain HTTP.
-        #[arg(long)]
-        insecure: Vec<String>,
     },
     /// Give an existing image another name.
     Alias {
@@ -32,42 +32,103 @@ pub enum ImageCmd {
         /// The new name.
         alias: String,
     },
-    /// List images.
-    Ls,
 }
 
-/// Runs an image command against containerd at `socket` in `namespace`.
-pub async fn run(cmd: ImageCmd, socket: &std::path::Path, namespace: &str) -> anyhow::Result<()> {
-    let ctr = Containerd::connect(socket, namespace).await?;
+async fn follow(
+    mut s: tonic::Streaming<pb::ImageProgress>,
+    what: &str,
+) -> anyhow::Result<Vec<String>> {
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ProgressBar::new(1)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg:20} [{bar:30}] {percent:>3}%")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    loop {
+        match s.message().await.map_err(|e| status_error(what, e))? {
+            Some(p) if p.phase == "done" => {
+                bar.finish_and_clear();
+                return Ok(p.names);
+            }
+            Some(p) => {
+                bar.set_message(p.phase.clone());
+                bar.set_length(p.total.max(1));
+                bar.set_position(p.done);
+            }
+            None => anyhow::bail!("{what}: the node closed the stream early"),
+        }
+    }
+}
+
+/// Runs an image command.
+pub async fn run(t: &Target, cmd: ImageCmd) -> anyhow::Result<()> {
+    let mut admin = t.admin().await?;
     match cmd {
+        ImageCmd::Ls => {
+            let images = admin
+                .list_images(pb::ListImagesRequest {})
+                .await
+                .map_err(|s| status_error("list images", s))?
+                .into_inner()
+                .images;
+            if t.output == Output::Json {
+                let v: Vec<_> = images
+                    .iter()
+                    .map(
+                        |i| serde_json::json!({"name": i.name, "digest": i.digest, "size": i.size}),
+                    )
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = images
+                .iter()
+                .map(|i| {
+                    let short: String = i.digest.chars().take(19).collect();
+                    vec![i.name.clone(), short, human_bytes(i.size.max(0) as u64)]
+                })
+                .collect();
+            table(&["NAME", "DIGEST", "SIZE"], &rows);
+        }
         ImageCmd::Import { file, name } => {
-            let started = std::time::Instant::now();
-            let names = image::import_tar(&ctr, &file, name.as_deref()).await?;
-            for n in names {
-                println!("imported {n} ({:.1}s)", started.elapsed().as_secs_f64());
+            let path = std::fs::canonicalize(&file)
+                .map(|p| p.display().to_string())
+                .unwrap_or(file.clone());
+            let s = admin
+                .import_image(pb::ImportImageRequest {
+                    path,
+                    name: name.unwrap_or_default(),
+                })
+                .await
+                .map_err(|s| status_error("import", s))?
+                .into_inner();
+            for n in follow(s, "import").await? {
+                println!("imported {n}");
             }
         }
-        ImageCmd::Pull {
-            reference,
-            insecure,
-        } => {
-            let started = std::time::Instant::now();
-            image::pull(&ctr, &reference, &insecure).await?;
-            println!(
-                "pulled {reference} ({:.1}s)",
-                started.elapsed().as_secs_f64()
-            );
+        ImageCmd::Pull { reference } => {
+            let s = admin
+                .pull_image(pb::PullImageRequest { reference })
+                .await
+                .map_err(|s| status_error("pull", s))?
+                .into_inner();
+            for n in follow(s, "pull").await? {
+                println!("pulled {n}");
+            }
         }
         ImageCmd::Alias { existing, alias } => {
-            image::alias(&ctr, &existing, &alias).await?;
+            admin
+                .alias_image(pb::AliasImageRequest {
+                    existing: existing.clone(),
+                    alias: alias.clone(),
+                })
+                .await
+                .map_err(|s| status_error("alias", s))?;
             println!("{alias} -> {existing}");
-        }
-        ImageCmd::Ls => {
-            println!("{:<60} {:<20} {:>8}", "NAME", "DIGEST", "SIZE");
-            for i in image::list(&ctr).await? {
-                let short: String = i.digest.chars().take(19).collect();
-                println!("{:<60} {:<20} {:>8}", i.name, short, i.size);
-            }
         }
     }
     Ok(())

@@ -1,12 +1,11 @@
-//! `trash ls|cat`: soft-deleted workspaces, readable until GC deletes them.
+//! `computectl trash ls|cat`: soft-deleted workspaces, readable until GC deletes them.
 
 use std::io::Write;
-use std::path::Path;
 
 use clap::Subcommand;
 
-use crate::node::gc;
-use crate::{volume, workspace};
+use super::{status_error, table, usage_json, Output, Target};
+use crate::api::admin::v1 as pb;
 
 /// Trash commands.
 #[derive(Debug, Subcommand)]
@@ -22,52 +21,62 @@ pub enum TrashCmd {
     },
 }
 
-/// Runs a trash command against the node's state directory.
-pub fn run(cmd: TrashCmd, state_dir: &Path) -> anyhow::Result<()> {
+/// Runs a trash command.
+pub async fn run(t: &Target, cmd: TrashCmd) -> anyhow::Result<()> {
+    let mut admin = t.admin().await?;
     match cmd {
         TrashCmd::Ls => {
-            println!(
-                "{:<36}  {:<20}  {:<20}  {:<24}  {:<24}",
-                "SANDBOX", "TENANT", "SESSION", "DESTROYED", "DELETE AFTER"
-            );
-            for t in gc::tombstones(state_dir) {
-                println!(
-                    "{:<36}  {:<20}  {:<20}  {:<24}  {:<24}",
-                    t.id, t.tenant_id, t.session_id, t.destroyed_at, t.delete_after
-                );
+            let entries = admin
+                .list_trash(pb::ListTrashRequest {})
+                .await
+                .map_err(|s| status_error("list trash", s))?
+                .into_inner()
+                .entries;
+            if t.output == Output::Json {
+                let v: Vec<_> = entries
+                    .iter()
+                    .map(|e| serde_json::json!({"sandbox_id": e.sandbox_id, "tenant_id": e.tenant_id, "session_id": e.session_id, "destroyed_at": e.destroyed_at, "delete_after": e.delete_after, "usage": usage_json(e.usage.as_ref())}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
             }
+            let rows: Vec<Vec<String>> = entries
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.sandbox_id.clone(),
+                        e.tenant_id.clone(),
+                        e.session_id.clone(),
+                        e.destroyed_at.clone(),
+                        e.delete_after.clone(),
+                    ]
+                })
+                .collect();
+            table(
+                &["SANDBOX", "TENANT", "SESSION", "DESTROYED", "DELETE AFTER"],
+                &rows,
+            );
         }
         TrashCmd::Cat { id, path } => {
-            let id = uuid::Uuid::parse_str(&id)
-                .map_err(|_| anyhow::anyhow!("{id:?} is not a sandbox id"))?
-                .to_string();
-            let paths = workspace::Paths::new(state_dir, &id);
-            let tomb = gc::tombstones(state_dir)
-                .into_iter()
-                .find(|t| t.id == id)
-                .ok_or_else(|| anyhow::anyhow!("no soft-deleted workspace {id}"))?;
-            let mounted_here = volume::has_image(&paths) && !volume::is_mounted(&paths.data);
-            if mounted_here {
-                volume::attach_with(&paths, true)?;
-            }
-            let result = (|| -> anyhow::Result<()> {
-                let ws = workspace::Workspace::open(&paths.data, &tomb.workspace.mount_path)?;
-                let mut offset = 0i64;
-                let mut out = std::io::stdout().lock();
-                loop {
-                    let r = ws.read(&path, offset, 0)?;
-                    out.write_all(&r.data)?;
-                    offset += r.data.len() as i64;
-                    if r.eof || r.data.is_empty() {
-                        break;
-                    }
+            let mut offset = 0i64;
+            let mut out = std::io::stdout().lock();
+            loop {
+                let r = admin
+                    .read_trash(pb::ReadTrashRequest {
+                        sandbox_id: id.clone(),
+                        path: path.clone(),
+                        offset,
+                        max_bytes: 0,
+                    })
+                    .await
+                    .map_err(|s| status_error(&format!("read {id}:{path}"), s))?
+                    .into_inner();
+                out.write_all(&r.data)?;
+                offset += r.data.len() as i64;
+                if r.eof || r.data.is_empty() {
+                    break;
                 }
-                Ok(())
-            })();
-            if mounted_here {
-                volume::detach(&paths)?;
             }
-            result?;
         }
     }
     Ok(())

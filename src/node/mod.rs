@@ -6,6 +6,7 @@
 //! sandbox leaves a tombstone beside its soft-deleted workspace. [`Node::recover`] rebuilds the
 //! table from those after a restart.
 
+pub mod admin;
 mod error;
 pub mod exec;
 pub mod gc;

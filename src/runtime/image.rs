@@ -185,6 +185,11 @@ fn pick_platform(manifests: &[OciDescriptor], what: &str) -> Result<OciDescripto
 /// Blobs by digest.
 type Blobs = HashMap<String, Vec<u8>>;
 
+/// Reports import/pull progress: (phase, done, total).
+pub type Progress<'a> = &'a (dyn Fn(&str, u64, u64) + Send + Sync);
+
+fn no_progress(_: &str, _: u64, _: u64) {}
+
 fn blob(blobs: &Blobs, digest: &str) -> Result<Vec<u8>> {
     let data = blobs
         .get(digest)
@@ -201,6 +206,17 @@ fn blob(blobs: &Blobs, digest: &str) -> Result<Vec<u8>> {
 /// given, else the names the index annotates (`io.containerd.image.name`, then
 /// `org.opencontainers.image.ref.name`).
 pub async fn import_tar(ctr: &Containerd, path: &Path, name: Option<&str>) -> Result<Vec<String>> {
+    import_tar_with(ctr, path, name, &no_progress).await
+}
+
+/// [`import_tar`] reporting progress.
+pub async fn import_tar_with(
+    ctr: &Containerd,
+    path: &Path,
+    name: Option<&str>,
+    progress: Progress<'_>,
+) -> Result<Vec<String>> {
+    progress("reading tarball", 0, 1);
     let p = path.to_path_buf();
     let files = tokio::task::spawn_blocking(move || read_layout(&p))
         .await
@@ -240,13 +256,24 @@ pub async fn import_tar(ctr: &Containerd, path: &Path, name: Option<&str>) -> Re
                 .map(|(alg, hex)| (format!("{alg}:{hex}"), v))
         })
         .collect();
-    store(ctr, &blobs, &top, &names).await?;
+    store(ctr, &blobs, &top, &names, progress).await?;
     Ok(names)
 }
 
 /// Pulls `reference` from its registry (anonymously; plain HTTP for the `insecure` registries)
 /// and unpacks it, under the name `reference`.
 pub async fn pull(ctr: &Containerd, reference: &str, insecure: &[String]) -> Result<()> {
+    pull_with(ctr, reference, insecure, &no_progress).await
+}
+
+/// [`pull`] reporting progress.
+pub async fn pull_with(
+    ctr: &Containerd,
+    reference: &str,
+    insecure: &[String],
+    progress: Progress<'_>,
+) -> Result<()> {
+    progress("resolving", 0, 1);
     use oci_client::{client::ClientConfig, client::ClientProtocol, secrets::RegistryAuth};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let r: oci_client::Reference = reference
@@ -295,7 +322,14 @@ pub async fn pull(ctr: &Containerd, reference: &str, insecure: &[String]) -> Res
     };
     let manifest: Manifest =
         serde_json::from_slice(&manifest_raw).map_err(|e| invalid(reference, e))?;
+    let total: u64 = std::iter::once(&manifest.config)
+        .chain(manifest.layers.iter())
+        .map(|d| d.size.max(0) as u64)
+        .sum();
+    let mut done = 0u64;
     for d in std::iter::once(&manifest.config).chain(manifest.layers.iter()) {
+        progress("downloading", done, total);
+        done += d.size.max(0) as u64;
         let mut data = Vec::with_capacity(d.size.max(0) as usize);
         client
             .pull_blob(&r, d.digest.as_str(), &mut data)
@@ -303,7 +337,8 @@ pub async fn pull(ctr: &Containerd, reference: &str, insecure: &[String]) -> Res
             .map_err(pull_err)?;
         blobs.insert(d.digest.clone(), data);
     }
-    store(ctr, &blobs, &top, &[reference.to_string()]).await
+    progress("downloading", total, total);
+    store(ctr, &blobs, &top, &[reference.to_string()], progress).await
 }
 
 fn media_type_of(raw: &[u8]) -> String {
@@ -327,10 +362,11 @@ async fn store(
     blobs: &Blobs,
     top: &OciDescriptor,
     names: &[String],
+    progress: Progress<'_>,
 ) -> Result<()> {
     let lease = format!("compute-import-{}", uuid::Uuid::new_v4());
     ctr.create_lease(&lease).await?;
-    let result = store_and_unpack(ctr, blobs, top, names, &lease).await;
+    let result = store_and_unpack(ctr, blobs, top, names, &lease, progress).await;
     let _ = ctr.delete_lease(&lease).await;
     result
 }
@@ -341,6 +377,7 @@ async fn store_and_unpack(
     top: &OciDescriptor,
     names: &[String],
     lease: &str,
+    progress: Progress<'_>,
 ) -> Result<()> {
     // Resolve an index to this platform's manifest, keeping the index as the image target.
     let (manifest_desc, index_blob) = if is_index(&top.media_type) {
@@ -367,7 +404,11 @@ async fn store_and_unpack(
     }
     let chains = chain_ids(&config.rootfs.diff_ids);
 
+    let total: u64 = manifest.layers.iter().map(|l| l.size.max(0) as u64).sum();
+    let mut done = 0u64;
     for layer in &manifest.layers {
+        progress("writing blobs", done, total);
+        done += layer.size.max(0) as u64;
         let data = blob(blobs, &layer.digest)?;
         ctr.write_content(&layer.digest, data, HashMap::new(), lease)
             .await?;
@@ -415,6 +456,7 @@ async fn store_and_unpack(
         &config.rootfs.diff_ids,
         &chains,
         lease,
+        progress,
     )
     .await?;
 
@@ -432,8 +474,11 @@ async fn unpack(
     diff_ids: &[String],
     chains: &[String],
     lease: &str,
+    progress: Progress<'_>,
 ) -> Result<()> {
+    let n = layers.len() as u64;
     for (i, layer) in layers.iter().enumerate() {
+        progress("unpacking layers", i as u64, n);
         let chain = &chains[i];
         if ctr.snapshot_exists(chain).await? {
             continue;
@@ -469,6 +514,7 @@ async fn unpack(
             }
         }
     }
+    progress("unpacking layers", n, n);
     Ok(())
 }
 

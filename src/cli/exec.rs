@@ -1,0 +1,94 @@
+//! `computectl exec ID -- CMD ARGS…`: run a command in a sandbox, streaming its output; exits
+//! with the command's code; Ctrl-C cancels it (SIGTERM, then SIGKILL after the grace period).
+
+use std::io::Write;
+
+use super::{status_error, Target};
+use crate::api::compute::v1 as pb;
+
+/// Options of `exec`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  computectl exec 3f2a… -- python3 -c 'print(42)'\n  computectl exec 3f2a… --env A=1 --workdir /tmp -- sh -c 'echo $A; pwd'"
+)]
+pub struct ExecArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// Environment variable for the command (`KEY=VALUE`); repeatable.
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    /// Working directory (default: the workspace).
+    #[arg(long, short = 'w')]
+    pub workdir: Option<String>,
+    /// Timeout in seconds (capped at 600 by the node).
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Runs `exec`; returns the exit code to exit with.
+pub async fn run(t: &Target, a: ExecArgs) -> anyhow::Result<i32> {
+    let mut env = std::collections::HashMap::new();
+    for kv in &a.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--env {kv:?}: expected KEY=VALUE"))?;
+        env.insert(k.to_string(), v.to_string());
+    }
+    let req = pb::ExecCommandRequest {
+        sandbox_id: a.id.clone(),
+        command: a.command[0].clone(),
+        args: a.command[1..].to_vec(),
+        env,
+        working_dir: a.workdir.unwrap_or_default(),
+        timeout: a.timeout.map(|s| prost_types::Duration {
+            seconds: s as i64,
+            nanos: 0,
+        }),
+    };
+    let mut stream = t
+        .compute()
+        .await?
+        .exec_command(req)
+        .await
+        .map_err(|s| status_error(&format!("exec in {}", a.id), s))?
+        .into_inner();
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    loop {
+        let msg = tokio::select! {
+            m = stream.message() => m,
+            _ = tokio::signal::ctrl_c() => {
+                // Dropping the stream cancels the exec on the node.
+                drop(stream);
+                eprintln!("computectl: cancelled");
+                return Ok(130);
+            }
+        };
+        match msg.map_err(|s| status_error("exec stream", s))? {
+            None => anyhow::bail!("the stream ended without a completion"),
+            Some(ev) => match ev.event {
+                Some(pb::exec_event::Event::Stdout(s)) => {
+                    out.write_all(&s.data)?;
+                    out.flush()?;
+                }
+                Some(pb::exec_event::Event::Stderr(s)) => {
+                    err.write_all(&s.data)?;
+                    err.flush()?;
+                }
+                Some(pb::exec_event::Event::Completed(c)) => {
+                    if c.timed_out {
+                        eprintln!("computectl: timed out");
+                    }
+                    if c.oom_killed {
+                        eprintln!("computectl: killed: over the sandbox's memory limit");
+                    }
+                    return Ok(c.exit_code);
+                }
+                None => {}
+            },
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! `admin.v1.NodeAdmin`: the operator's view of the node (computectl's backend). Served on the
+//! unix socket; on TCP only when `admin_tcp` is set.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+use super::{blocking, gc, Error, Node, Status as SbStatus};
+use crate::api::admin::v1 as pb;
+use crate::api::admin::v1::node_admin_server::NodeAdmin;
+use crate::api::convert;
+use crate::runtime::image;
+use crate::{volume, workspace};
+
+/// The admin service over a [`Node`].
+#[derive(Clone)]
+pub struct AdminService {
+    node: Node,
+    started: std::time::SystemTime,
+    runsc_version: Arc<String>,
+}
+
+impl AdminService {
+    /// Serves `node`.
+    pub fn new(node: Node) -> Self {
+        let runsc = node.config().runsc_path.clone();
+        let runsc_version = std::process::Command::new(&runsc)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.lines().next().map(|l| l.trim().to_string()))
+            .unwrap_or_else(|| "unknown".into());
+        Self {
+            node,
+            started: std::time::SystemTime::now(),
+            runsc_version: Arc::new(runsc_version),
+        }
+    }
+}
+
+type ProgressStream = Pin<Box<dyn Stream<Item = Result<pb::ImageProgress, Status>> + Send>>;
+
+fn progress_stream(
+    rx: mpsc::Receiver<Result<pb::ImageProgress, Status>>,
+) -> Response<ProgressStream> {
+    Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+fn reporter(
+    tx: mpsc::Sender<Result<pb::ImageProgress, Status>>,
+) -> impl Fn(&str, u64, u64) + Send + Sync {
+    move |phase: &str, done: u64, total: u64| {
+        // Progress is best effort: a slow reader misses intermediate updates.
+        let _ = tx.try_send(Ok(pb::ImageProgress {
+            phase: phase.to_string(),
+            done,
+            total,
+            names: vec![],
+        }));
+    }
+}
+
+#[tonic::async_trait]
+impl NodeAdmin for AdminService {
+    async fn list_sandboxes(
+        &self,
+        req: Request<pb::ListSandboxesRequest>,
+    ) -> Result<Response<pb::ListSandboxesResponse>, Status> {
+        let req = req.into_inner();
+        let mut out = Vec::new();
+        for sb in self.node.list() {
+            let st = sb.state();
+            let word = st.status.word();
+            if !req.status.is_empty() && !req.status.iter().any(|s| s.eq_ignore_ascii_case(word)) {
+                continue;
+            }
+            if !req.tenant_id.is_empty() && req.tenant_id != sb.tenant_id {
+                continue;
+            }
+            let usage = self.node.usage(&sb).await;
+            out.push(pb::SandboxSummary {
+                sandbox_id: sb.id.clone(),
+                tenant_id: sb.tenant_id.clone(),
+                session_id: sb.session_id.clone(),
+                status: word.to_string(),
+                failure_reason: st.reason,
+                image: sb.image.clone(),
+                created_at: Some(convert::timestamp(sb.created_at)),
+                cpu_millis: sb.limits.cpu_millis,
+                memory_bytes: sb.limits.memory_bytes,
+                max_runtime_secs: sb.limits.max_runtime.as_secs(),
+                storage_class: sb.workspace.storage_class.clone(),
+                workspace_size: sb.workspace.size.clone(),
+                mount_path: sb.workspace.mount_path.clone(),
+                usage: Some(usage.into()),
+                pool: false,
+            });
+        }
+        Ok(Response::new(pb::ListSandboxesResponse { sandboxes: out }))
+    }
+
+    async fn get_node(
+        &self,
+        _req: Request<pb::GetNodeRequest>,
+    ) -> Result<Response<pb::GetNodeResponse>, Status> {
+        let cfg = self.node.config();
+        let containerd_version = self.node.runtime().ctr.version().await.unwrap_or_default();
+        let dir = cfg.state_dir.clone();
+        let free = blocking(move || {
+            nix::sys::statvfs::statvfs(&dir)
+                .map(|s| s.blocks_available() * s.fragment_size())
+                .unwrap_or(0)
+        })
+        .await?;
+        Ok(Response::new(pb::GetNodeResponse {
+            info: Some(self.node.info(self.started)),
+            runsc_version: self.runsc_version.to_string(),
+            containerd_version,
+            cgroup_version: format!("{:?}", self.node.cgroup_version()).to_lowercase(),
+            state_dir: cfg.state_dir.display().to_string(),
+            state_dir_free_bytes: free,
+            runtime_kind: format!("{:?}", self.node.runtime().choice.kind),
+        }))
+    }
+
+    async fn list_trash(
+        &self,
+        _req: Request<pb::ListTrashRequest>,
+    ) -> Result<Response<pb::ListTrashResponse>, Status> {
+        let dir = self.node.config().state_dir.clone();
+        let tombs = blocking(move || gc::tombstones(&dir)).await?;
+        Ok(Response::new(pb::ListTrashResponse {
+            entries: tombs
+                .into_iter()
+                .map(|t| pb::TrashEntry {
+                    sandbox_id: t.id,
+                    tenant_id: t.tenant_id,
+                    session_id: t.session_id,
+                    destroyed_at: t.destroyed_at,
+                    delete_after: t.delete_after,
+                    usage: Some(t.usage.into()),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn read_trash(
+        &self,
+        req: Request<pb::ReadTrashRequest>,
+    ) -> Result<Response<pb::ReadTrashResponse>, Status> {
+        let req = req.into_inner();
+        let id = super::parse_id(&req.sandbox_id)?;
+        let dir = self.node.config().state_dir.clone();
+        let r = blocking(move || -> Result<workspace::ReadResult, Error> {
+            let tomb = gc::tombstones(&dir)
+                .into_iter()
+                .find(|t| t.id == id)
+                .ok_or_else(|| Error::NotFound(id.clone()))?;
+            let paths = workspace::Paths::new(&dir, &id);
+            let mounted_here = volume::has_image(&paths) && !volume::is_mounted(&paths.data);
+            if mounted_here {
+                volume::attach_with(&paths, true)
+                    .map_err(|e| Error::Internal(format!("attach trashed volume: {e}")))?;
+            }
+            let res = workspace::Workspace::open(&paths.data, &tomb.workspace.mount_path)
+                .and_then(|ws| ws.read(&req.path, req.offset, req.max_bytes));
+            if mounted_here {
+                let _ = volume::detach(&paths);
+            }
+            Ok(res?)
+        })
+        .await??;
+        Ok(Response::new(pb::ReadTrashResponse {
+            data: r.data,
+            total_size: r.total_size as i64,
+            eof: r.eof,
+        }))
+    }
+
+    async fn gc(&self, req: Request<pb::GcRequest>) -> Result<Response<pb::GcResponse>, Status> {
+        let freed = self.node.gc(req.into_inner().dry_run).await?;
+        Ok(Response::new(pb::GcResponse {
+            freed: freed
+                .into_iter()
+                .map(|f| pb::Freed {
+                    sandbox_id: f.id,
+                    tenant_id: f.tenant_id,
+                    delete_after: f.delete_after,
+                    bytes: f.bytes,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn list_images(
+        &self,
+        _req: Request<pb::ListImagesRequest>,
+    ) -> Result<Response<pb::ListImagesResponse>, Status> {
+        let images = image::list(&self.node.runtime().ctr)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListImagesResponse {
+            images: images
+                .into_iter()
+                .map(|i| pb::ImageInfo {
+                    name: i.name,
+                    digest: i.digest,
+                    size: i.size,
+                })
+                .collect(),
+        }))
+    }
+
+    type ImportImageStream = ProgressStream;
+
+    async fn import_image(
+        &self,
+        req: Request<pb::ImportImageRequest>,
+    ) -> Result<Response<Self::ImportImageStream>, Status> {
+        let req = req.into_inner();
+        if req.path.is_empty() {
+            return Err(Error::InvalidArgument("path is required".into()).into());
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let ctr = self.node.runtime().ctr.clone();
+        tokio::spawn(async move {
+            let report = reporter(tx.clone());
+            let name = (!req.name.is_empty()).then_some(req.name.as_str());
+            let r =
+                image::import_tar_with(&ctr, std::path::Path::new(&req.path), name, &report).await;
+            let last = match r {
+                Ok(names) => Ok(pb::ImageProgress {
+                    phase: "done".into(),
+                    done: 1,
+                    total: 1,
+                    names,
+                }),
+                Err(e) => Err(Status::from(Error::from(e))),
+            };
+            let _ = tx.send(last).await;
+        });
+        Ok(progress_stream(rx))
+    }
+
+    type PullImageStream = ProgressStream;
+
+    async fn pull_image(
+        &self,
+        req: Request<pb::PullImageRequest>,
+    ) -> Result<Response<Self::PullImageStream>, Status> {
+        let reference = req.into_inner().reference;
+        if reference.is_empty() {
+            return Err(Error::InvalidArgument("reference is required".into()).into());
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let ctr = self.node.runtime().ctr.clone();
+        let insecure = self.node.config().insecure_registries.clone();
+        tokio::spawn(async move {
+            let report = reporter(tx.clone());
+            let r = image::pull_with(&ctr, &reference, &insecure, &report).await;
+            let last = match r {
+                Ok(()) => Ok(pb::ImageProgress {
+                    phase: "done".into(),
+                    done: 1,
+                    total: 1,
+                    names: vec![reference],
+                }),
+                Err(e) => Err(Status::from(Error::from(e))),
+            };
+            let _ = tx.send(last).await;
+        });
+        Ok(progress_stream(rx))
+    }
+
+    async fn alias_image(
+        &self,
+        req: Request<pb::AliasImageRequest>,
+    ) -> Result<Response<pb::AliasImageResponse>, Status> {
+        let req = req.into_inner();
+        if req.existing.is_empty() || req.alias.is_empty() {
+            return Err(Error::InvalidArgument("existing and alias are required".into()).into());
+        }
+        image::alias(&self.node.runtime().ctr, &req.existing, &req.alias)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::AliasImageResponse {}))
+    }
+}
+
+impl SbStatus {
+    /// Parses the status word the API prints.
+    pub fn parse(word: &str) -> Option<Self> {
+        match word.to_ascii_uppercase().as_str() {
+            "STARTING" => Some(SbStatus::Starting),
+            "READY" => Some(SbStatus::Ready),
+            "FAILED" => Some(SbStatus::Failed),
+            "DESTROYED" => Some(SbStatus::Destroyed),
+            _ => None,
+        }
+    }
+}
