@@ -104,6 +104,25 @@ async fn a_sandbox_image_that_is_not_local_is_pulled() {
     );
     assert!(d.log_text().contains("image not local: pulling"));
 
+    // The operator's way: computectl image pull, through the node's admin service.
+    let reference2 = format!("{}/sandbox/python:v2", reg.addr);
+    let out = Command::new("skopeo")
+        .args(["copy", "--dest-tls-verify=false"])
+        .arg(format!("oci-archive:{}", image_tar().display()))
+        .arg(format!("docker://{reference2}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["image", "pull", &reference2])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("pulled {reference2}")));
+    assert!(d.ctr(&["images", "ls", "-q"]).contains(&reference2));
+
     // A reference the registry does not have fails the sandbox with the reason.
     let mut req = create_req("t", "missing");
     req.image = format!("{}/sandbox/none:v1", reg.addr);
