@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/common/v1/usage.proto",
                 "proto/node/v1/node.proto",
                 "proto/admin/v1/admin.proto",
+                "proto/sandbox/v1/sandbox.proto",
             ],
             &["proto"],
         )?;

@@ -125,6 +125,11 @@ pub struct Config {
     pub admin_tcp: bool,
     /// Group that owns the unix socket (mode 0660); empty keeps root's group.
     pub socket_group: String,
+    /// A relay worker silent this long (no frame, no heartbeat) is dropped, in milliseconds.
+    pub worker_heartbeat_timeout_ms: u64,
+    /// How long a relay Exec waits for a worker to attach, in milliseconds (0: UNAVAILABLE
+    /// at once).
+    pub worker_wait_ms: u64,
     /// This node's name, reported to the router (`COMPUTE_NODE_NAME`; default: the host name).
     pub node_name: String,
     /// Take no new sandboxes (`COMPUTE_DRAINING=1`); existing ones keep working.
@@ -180,6 +185,8 @@ impl Default for Config {
             init_helper: "/bin/busybox".into(),
             pull_missing: true,
             insecure_registries: vec![],
+            worker_heartbeat_timeout_ms: 10_000,
+            worker_wait_ms: 0,
             admin_tcp: false,
             socket_group: String::new(),
             node_name: String::new(),

@@ -11,6 +11,7 @@ pub mod install;
 pub mod metering;
 pub mod metrics;
 pub mod node;
+pub mod relay;
 pub mod router;
 pub mod runtime;
 pub mod server;

@@ -101,6 +101,10 @@ pub async fn serve(
     let info = crate::api::node::v1::node_info_server::NodeInfoServer::new(
         crate::node::info::InfoService::new(node.clone()),
     );
+    let relay = crate::relay::service::RelayService::new(node.relay().clone());
+    let relay_worker =
+        crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone());
+    let relay_exec = crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay);
     let admin = crate::api::admin::v1::node_admin_server::NodeAdminServer::new(
         crate::node::admin::AdminService::new(node.clone()),
     );
@@ -116,6 +120,8 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(info)
+        .add_service(relay_worker)
+        .add_service(relay_exec)
         .add_service(svc);
     // The admin service is always on the unix socket; on TCP only when configured.
     let with_admin = router.clone().add_service(admin);

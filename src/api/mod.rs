@@ -29,6 +29,14 @@ pub mod admin {
     }
 }
 
+/// `sandbox.v1`: the relay between harnesses and workers.
+pub mod sandbox {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("sandbox.v1");
+    }
+}
+
 /// `node.v1`: what a node tells the router.
 pub mod node {
     /// Version 1.

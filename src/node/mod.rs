@@ -273,6 +273,7 @@ struct Table {
 struct Inner {
     cfg: Config,
     rt: Runtime,
+    relay: crate::relay::Relay,
     cgroup_version: CgroupVersion,
     table: Mutex<Table>,
     helpers_dir: Option<PathBuf>,
@@ -352,6 +353,10 @@ impl Node {
         let helpers_dir = install_helpers(&cfg);
         Self {
             inner: Arc::new(Inner {
+                relay: crate::relay::Relay::new(crate::relay::Settings {
+                    heartbeat_timeout: Duration::from_millis(cfg.worker_heartbeat_timeout_ms),
+                    worker_wait: Duration::from_millis(cfg.worker_wait_ms),
+                }),
                 cfg,
                 rt,
                 cgroup_version,
@@ -364,6 +369,11 @@ impl Node {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// The sandbox.v1 relay.
+    pub fn relay(&self) -> &crate::relay::Relay {
+        &self.inner.relay
     }
 
     /// The runtime.
