@@ -119,7 +119,11 @@ async fn a_sandbox_image_that_is_not_local_is_pulled() {
         .args(["image", "pull", &reference2])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("pulled {reference2}")));
     assert!(d.ctr(&["images", "ls", "-q"]).contains(&reference2));
 
