@@ -240,6 +240,18 @@ impl Metrics {
     }
 }
 
+/// Runs an RPC handler body, recording its count, code and latency.
+pub async fn observe<T>(
+    method: &'static str,
+    body: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    let t = std::time::Instant::now();
+    let r = body.await;
+    let code = r.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+    METRICS.rpc(method, code, t.elapsed());
+    r
+}
+
 /// Serves `GET /metrics` on `addr` until the task is aborted.
 pub async fn serve(addr: String) -> std::io::Result<()> {
     use hyper::service::service_fn;

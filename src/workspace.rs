@@ -213,6 +213,23 @@ fn o_path_dir(dirfd: &OwnedFd) -> std::io::Result<OwnedFd> {
     .map_err(Into::into)
 }
 
+/// The permission bits of the regular file behind `fd`; a directory or a special file (FIFO,
+/// socket, device: never opened, a FIFO would block) is WrongType.
+fn regular_file_mode(fd: &OwnedFd, path: &str) -> Result<u32> {
+    let st = rustix::fs::fstat(fd).map_err(|e| map_errno("stat", path, e))?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => Ok(st.st_mode & 0o7777),
+        FileType::Directory => Err(Error::WrongType {
+            path: path.into(),
+            why: "is a directory",
+        }),
+        _ => Err(Error::WrongType {
+            path: path.into(),
+            why: "not a regular file",
+        }),
+    }
+}
+
 fn is_type(fd: &OwnedFd, want: FileType) -> Result<bool> {
     let st = rustix::fs::fstat(fd).map_err(|e| map_errno("stat", "", e))?;
     Ok(FileType::from_raw_mode(st.st_mode) == want)
@@ -372,23 +389,7 @@ impl Workspace {
         let Some(target) = r.fd else {
             return Err(Error::NotFound(path.into()));
         };
-        let st = rustix::fs::fstat(&target).map_err(|e| map_errno("stat", path, e))?;
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::RegularFile => {}
-            FileType::Directory => {
-                return Err(Error::WrongType {
-                    path: path.into(),
-                    why: "is a directory",
-                })
-            }
-            // FIFOs, sockets and devices are never opened: a FIFO would block the reader.
-            _ => {
-                return Err(Error::WrongType {
-                    path: path.into(),
-                    why: "not a regular file",
-                })
-            }
-        }
+        regular_file_mode(&target, path)?;
         let fd = reopen(
             &target,
             OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
@@ -446,24 +447,7 @@ impl Workspace {
         let mode = if mode == 0 { 0o644 } else { mode & 0o1777 };
         let existing_mode = match &r.fd {
             None => None,
-            Some(fd) => {
-                let st = rustix::fs::fstat(fd).map_err(|e| map_errno("stat", path, e))?;
-                match FileType::from_raw_mode(st.st_mode) {
-                    FileType::RegularFile => Some(st.st_mode & 0o7777),
-                    FileType::Directory => {
-                        return Err(Error::WrongType {
-                            path: path.into(),
-                            why: "is a directory",
-                        })
-                    }
-                    _ => {
-                        return Err(Error::WrongType {
-                            path: path.into(),
-                            why: "not a regular file",
-                        })
-                    }
-                }
-            }
+            Some(fd) => Some(regular_file_mode(fd, path)?),
         };
         if append {
             let fd = match &r.fd {

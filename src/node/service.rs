@@ -13,6 +13,7 @@ use super::{blocking, Node};
 use crate::api::compute::v1 as pb;
 use crate::api::compute::v1::compute_service_server::ComputeService;
 use crate::api::convert;
+use crate::metrics::observe;
 
 /// ComputeService over a [`Node`].
 #[derive(Clone)]
@@ -25,21 +26,6 @@ impl Service {
     pub fn new(node: Node) -> Self {
         Self { node }
     }
-}
-
-/// Runs a handler body, recording its count, code and latency.
-async fn observe<T>(
-    method: &'static str,
-    body: impl std::future::Future<Output = Result<T, Status>>,
-) -> Result<T, Status> {
-    let t = std::time::Instant::now();
-    let r = body.await;
-    let code = match &r {
-        Ok(_) => tonic::Code::Ok,
-        Err(s) => s.code(),
-    };
-    crate::metrics::METRICS.rpc(method, code, t.elapsed());
-    r
 }
 
 type ExecStream = Pin<Box<dyn Stream<Item = Result<pb::ExecEvent, Status>> + Send>>;

@@ -12,6 +12,7 @@ use tracing::info;
 use super::{Error, NodeEndpoint, Router};
 use crate::api::compute::v1 as pb;
 use crate::api::compute::v1::compute_service_server::{ComputeService, ComputeServiceServer};
+use crate::metrics::observe;
 
 /// ComputeService forwarding over a [`Router`].
 #[derive(Clone)]
@@ -42,17 +43,6 @@ impl Forwarder {
 }
 
 type ExecStream = Pin<Box<dyn Stream<Item = Result<pb::ExecEvent, Status>> + Send>>;
-
-async fn observe<T>(
-    method: &'static str,
-    body: impl std::future::Future<Output = Result<T, Status>>,
-) -> Result<T, Status> {
-    let t = std::time::Instant::now();
-    let r = body.await;
-    let code = r.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
-    crate::metrics::METRICS.rpc(method, code, t.elapsed());
-    r
-}
 
 #[tonic::async_trait]
 impl ComputeService for Forwarder {
