@@ -1,0 +1,802 @@
+//! The Kubernetes manifests (`daemonset/*.yaml`, `runtimeclass/*.yaml`) read as the API server
+//! would read them: every document deserialized into its k8s-openapi type (and serialized back,
+//! so a misspelt field, which the type would drop silently, fails here), then checked for the
+//! references between objects that only show up at run time in a cluster: selectors and labels,
+//! Service ports, RBAC subjects and rules, the router's flags against the DaemonSet, images
+//! against the Dockerfile, the installer's flags and config against the node's, probes.
+//! No cluster and no network needed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Probe, Service, ServiceAccount,
+};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Deserialize;
+
+const NAMESPACE: &str = "compute-system";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One document: where it came from (file order is `kubectl apply -f dir/` order).
+#[derive(Debug, Clone)]
+struct Origin {
+    file: String,
+    index: usize,
+    kind: String,
+    name: String,
+}
+
+#[derive(Default)]
+struct Objects {
+    origins: Vec<Origin>,
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    config_maps: Vec<ConfigMap>,
+    daemon_sets: Vec<DaemonSet>,
+    deployments: Vec<Deployment>,
+    services: Vec<Service>,
+    pdbs: Vec<PodDisruptionBudget>,
+    runtime_classes: Vec<RuntimeClass>,
+}
+
+/// Deserializes `v` as `T`, and checks that serializing it back gives the same document.
+fn typed<T>(v: &serde_yaml::Value, origin: &Origin) -> T
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let t: T = serde_yaml::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("{} {} ({}): {e}", origin.kind, origin.name, origin.file));
+    let back = serde_json::to_value(&t).unwrap();
+    let orig = serde_json::to_value(v).unwrap();
+    if back != orig {
+        panic!(
+            "{} {} ({}) does not round-trip: a field is unknown or misspelt\nfile:  {}\ntyped: {}",
+            origin.kind,
+            origin.name,
+            origin.file,
+            serde_json::to_string(&orig).unwrap(),
+            serde_json::to_string(&back).unwrap()
+        );
+    }
+    t
+}
+
+fn load() -> Objects {
+    let mut files = Vec::new();
+    for dir in ["daemonset", "runtimeclass"] {
+        let mut in_dir: Vec<PathBuf> = std::fs::read_dir(repo().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+            .collect();
+        in_dir.sort();
+        files.extend(in_dir);
+    }
+    assert!(files.len() >= 5, "manifests missing: {files:?}");
+    let mut o = Objects::default();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let file = f.strip_prefix(repo()).unwrap().display().to_string();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = serde_yaml::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{file}: not YAML: {e}"));
+            if v.is_null() {
+                continue;
+            }
+            let kind = v["kind"].as_str().unwrap_or_default().to_string();
+            let name = v["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let origin = Origin {
+                file: file.clone(),
+                index: o.origins.len(),
+                kind: kind.clone(),
+                name,
+            };
+            match kind.as_str() {
+                "Namespace" => o.namespaces.push(typed(&v, &origin)),
+                "ServiceAccount" => o.service_accounts.push(typed(&v, &origin)),
+                "Role" => o.roles.push(typed(&v, &origin)),
+                "RoleBinding" => o.role_bindings.push(typed(&v, &origin)),
+                "ConfigMap" => o.config_maps.push(typed(&v, &origin)),
+                "DaemonSet" => o.daemon_sets.push(typed(&v, &origin)),
+                "Deployment" => o.deployments.push(typed(&v, &origin)),
+                "Service" => o.services.push(typed(&v, &origin)),
+                "PodDisruptionBudget" => o.pdbs.push(typed(&v, &origin)),
+                "RuntimeClass" => o.runtime_classes.push(typed(&v, &origin)),
+                other => panic!("{file}: unexpected kind {other:?}"),
+            }
+            o.origins.push(origin);
+        }
+    }
+    o
+}
+
+fn origin<'a>(o: &'a Objects, kind: &str, name: &str) -> &'a Origin {
+    o.origins
+        .iter()
+        .find(|x| x.kind == kind && x.name == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn daemon_set(o: &Objects) -> &DaemonSet {
+    assert_eq!(o.daemon_sets.len(), 1);
+    &o.daemon_sets[0]
+}
+
+fn router(o: &Objects) -> &Deployment {
+    assert_eq!(o.deployments.len(), 1);
+    &o.deployments[0]
+}
+
+fn template_of_ds(ds: &DaemonSet) -> &PodTemplateSpec {
+    &ds.spec.as_ref().unwrap().template
+}
+
+fn template_of_deploy(d: &Deployment) -> &PodTemplateSpec {
+    &d.spec.as_ref().unwrap().template
+}
+
+fn pod_spec(t: &PodTemplateSpec) -> &PodSpec {
+    t.spec.as_ref().unwrap()
+}
+
+fn pod_labels(t: &PodTemplateSpec) -> BTreeMap<String, String> {
+    t.metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default()
+}
+
+fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
+    spec.containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn subset(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> bool {
+    a.iter().all(|(k, v)| b.get(k) == Some(v))
+}
+
+/// The value of `--flag V` or `--flag=V` in `args`.
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let eq = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(&eq)
+        }
+    })
+}
+
+/// A label selector `k=v,k2=v2` as a map.
+fn parse_selector(s: &str) -> BTreeMap<String, String> {
+    s.split(',')
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .unwrap_or_else(|| panic!("selector term {kv:?} is not k=v"));
+            (k.trim().to_string(), v.trim().to_string())
+        })
+        .collect()
+}
+
+/// The image reference the Dockerfile builds (`ARG IMAGE=...`, also its ref.name label).
+fn dockerfile_image() -> String {
+    let text = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let image = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ARG IMAGE="))
+        .expect("Dockerfile has no `ARG IMAGE=`")
+        .trim()
+        .to_string();
+    assert!(
+        text.contains("org.opencontainers.image.ref.name=\"${IMAGE}\""),
+        "the Dockerfile's ref.name label is not ${{IMAGE}}"
+    );
+    image
+}
+
+fn is_grpc_on(p: &Option<Probe>, port: i32) -> bool {
+    p.as_ref()
+        .and_then(|p| p.grpc.as_ref())
+        .is_some_and(|g| g.port == port)
+}
+
+/// The node's gRPC container port.
+fn node_grpc_port(o: &Objects) -> i32 {
+    let spec = pod_spec(template_of_ds(daemon_set(o)));
+    container(spec, "computed")
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.name.as_deref() == Some("grpc"))
+        .expect("node container has no port named grpc")
+        .container_port
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Sub,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    Install(computed::install::InstallOpts),
+}
+
+/// The init container's args parsed with the installer's own flags.
+fn install_opts(o: &Objects) -> computed::install::InstallOpts {
+    let spec = pod_spec(template_of_ds(daemon_set(o)));
+    let init = spec.init_containers.as_ref().expect("no init container");
+    assert_eq!(init.len(), 1);
+    let args = init[0].args.clone().unwrap_or_default();
+    assert_eq!(
+        args.first().map(String::as_str),
+        Some("install"),
+        "the init container must run `computed install`: {args:?}"
+    );
+    let argv = std::iter::once("computed".to_string()).chain(args);
+    match Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("init args: {e}")) {
+        Cli {
+            cmd: Sub::Install(opts),
+        } => opts,
+    }
+}
+
+#[test]
+fn every_object_lives_in_one_namespace_applied_first() {
+    let o = load();
+    assert_eq!(o.namespaces.len(), 1);
+    assert_eq!(o.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
+    assert_eq!(
+        o.origins[0].kind, "Namespace",
+        "the Namespace must be applied first"
+    );
+    let namespaced = o
+        .service_accounts
+        .iter()
+        .map(|x| &x.metadata)
+        .chain(o.roles.iter().map(|x| &x.metadata))
+        .chain(o.role_bindings.iter().map(|x| &x.metadata))
+        .chain(o.config_maps.iter().map(|x| &x.metadata))
+        .chain(o.daemon_sets.iter().map(|x| &x.metadata))
+        .chain(o.deployments.iter().map(|x| &x.metadata))
+        .chain(o.services.iter().map(|x| &x.metadata))
+        .chain(o.pdbs.iter().map(|x| &x.metadata));
+    for m in namespaced {
+        assert_eq!(m.namespace.as_deref(), Some(NAMESPACE), "{:?}", m.name);
+    }
+    for r in &o.runtime_classes {
+        assert!(
+            r.metadata.namespace.is_none(),
+            "RuntimeClass is cluster-scoped"
+        );
+    }
+    // What a workload refers to is applied before it.
+    for d in &o.deployments {
+        let sa = pod_spec(template_of_deploy(d))
+            .service_account_name
+            .clone()
+            .unwrap();
+        let w = origin(&o, "Deployment", d.metadata.name.as_deref().unwrap());
+        assert!(origin(&o, "ServiceAccount", &sa).index < w.index);
+    }
+    let ds = daemon_set(&o);
+    let w = origin(&o, "DaemonSet", ds.metadata.name.as_deref().unwrap());
+    let spec = pod_spec(template_of_ds(ds));
+    let sa = spec.service_account_name.clone().unwrap();
+    assert!(origin(&o, "ServiceAccount", &sa).index < w.index);
+    for v in spec.volumes.as_ref().unwrap() {
+        if let Some(cm) = &v.config_map {
+            assert!(origin(&o, "ConfigMap", &cm.name).index < w.index);
+        }
+    }
+}
+
+#[test]
+fn selectors_match_their_pods() {
+    let o = load();
+    let ds = daemon_set(&o);
+    let ds_sel = ds
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .match_labels
+        .clone()
+        .unwrap();
+    let node_labels = pod_labels(template_of_ds(ds));
+    assert!(!ds_sel.is_empty() && subset(&ds_sel, &node_labels));
+    assert_eq!(ds.metadata.name.as_deref(), Some("computed-node"));
+    assert_eq!(
+        node_labels
+            .get("app.kubernetes.io/name")
+            .map(String::as_str),
+        Some("computed-node")
+    );
+    assert_eq!(
+        node_labels
+            .get("app.kubernetes.io/part-of")
+            .map(String::as_str),
+        Some("compute")
+    );
+
+    let d = router(&o);
+    let d_sel = d
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .match_labels
+        .clone()
+        .unwrap();
+    let router_labels = pod_labels(template_of_deploy(d));
+    assert!(!d_sel.is_empty() && subset(&d_sel, &router_labels));
+    assert_eq!(
+        router_labels
+            .get("app.kubernetes.io/name")
+            .map(String::as_str),
+        Some("computed-router")
+    );
+    // The two selectors never pick each other's pods.
+    assert!(!subset(&ds_sel, &router_labels) && !subset(&d_sel, &node_labels));
+
+    for p in &o.pdbs {
+        let sel = p
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .clone()
+            .unwrap();
+        assert!(subset(&sel, &router_labels), "PDB selects no router pod");
+    }
+}
+
+#[test]
+fn the_service_reaches_the_router_grpc_port() {
+    let o = load();
+    assert_eq!(o.services.len(), 1);
+    let s = &o.services[0];
+    assert_eq!(s.metadata.name.as_deref(), Some("computed"));
+    let spec = s.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref().unwrap_or("ClusterIP"), "ClusterIP");
+    let sel = spec.selector.clone().unwrap();
+    let d = router(&o);
+    let t = template_of_deploy(d);
+    assert!(!sel.is_empty() && subset(&sel, &pod_labels(t)));
+    assert!(!subset(&sel, &pod_labels(template_of_ds(daemon_set(&o)))));
+    let ports = spec.ports.as_ref().unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].port, 50051);
+    let cports: Vec<_> = pod_spec(t)
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.clone().unwrap_or_default())
+        .collect();
+    let target = ports[0].target_port.clone().expect("targetPort");
+    let hit = cports.iter().find(|p| match &target {
+        IntOrString::String(n) => p.name.as_deref() == Some(n.as_str()),
+        IntOrString::Int(n) => p.container_port == *n,
+    });
+    let hit = hit.unwrap_or_else(|| panic!("targetPort {target:?} is no router container port"));
+    assert_eq!(hit.container_port, 50051);
+}
+
+#[test]
+fn router_rbac_is_pods_read_only_and_bound_to_its_service_account() {
+    let o = load();
+    let d = router(&o);
+    let sa = pod_spec(template_of_deploy(d))
+        .service_account_name
+        .clone()
+        .expect("the router names its ServiceAccount");
+    assert_eq!(sa, "computed-router");
+    assert!(o
+        .service_accounts
+        .iter()
+        .any(|s| s.metadata.name.as_deref() == Some(&sa)));
+
+    assert_eq!(o.roles.len(), 1);
+    let role = &o.roles[0];
+    let rules = role.rules.as_ref().unwrap();
+    let mut verbs = BTreeSet::new();
+    for r in rules {
+        assert_eq!(r.api_groups.as_deref(), Some(&["".to_string()][..]));
+        assert_eq!(r.resources.as_deref(), Some(&["pods".to_string()][..]));
+        assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
+        verbs.extend(r.verbs.iter().cloned());
+    }
+    let want: BTreeSet<String> = ["get", "list", "watch"].map(String::from).into();
+    assert_eq!(
+        verbs, want,
+        "the Role must grant exactly get/list/watch on pods"
+    );
+
+    assert_eq!(o.role_bindings.len(), 1);
+    let rb = &o.role_bindings[0];
+    assert_eq!(rb.role_ref.kind, "Role");
+    assert_eq!(rb.role_ref.api_group, "rbac.authorization.k8s.io");
+    assert_eq!(
+        Some(rb.role_ref.name.as_str()),
+        role.metadata.name.as_deref()
+    );
+    let subjects = rb.subjects.as_ref().unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(subjects[0].name, sa);
+    assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+
+    // The node daemon needs no API access.
+    let spec = pod_spec(template_of_ds(daemon_set(&o)));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    let node_sa = spec.service_account_name.clone().unwrap();
+    assert!(o
+        .role_bindings
+        .iter()
+        .all(|b| b.subjects.iter().flatten().all(|s| s.name != node_sa)));
+}
+
+#[test]
+fn router_flags_point_at_the_node_daemonset() {
+    let o = load();
+    let d = router(&o);
+    let t = template_of_deploy(d);
+    let c = container(pod_spec(t), "router");
+    let args = c.args.clone().unwrap();
+    assert_eq!(args.first().map(String::as_str), Some("router"));
+    assert_eq!(flag(&args, "--listen"), Some("0.0.0.0:50051"));
+    assert_eq!(flag(&args, "--namespace"), Some(NAMESPACE));
+    let sel = parse_selector(flag(&args, "--selector").expect("--selector"));
+    assert!(subset(&sel, &pod_labels(template_of_ds(daemon_set(&o)))));
+    assert!(
+        !subset(&sel, &pod_labels(t)),
+        "the router would find itself"
+    );
+    let node_port: i32 = flag(&args, "--node-port").unwrap().parse().unwrap();
+    assert_eq!(node_port, node_grpc_port(&o));
+    assert_eq!(node_port, 50051);
+    assert!(
+        flag(&args, "--nodes").is_none(),
+        "in-cluster discovery, no static list"
+    );
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(2));
+}
+
+#[test]
+fn images_are_the_one_the_dockerfile_builds() {
+    let o = load();
+    let image = dockerfile_image();
+    assert_eq!(image, "ghcr.io/paper-board/computed:0.1.0");
+    let mut specs = vec![pod_spec(template_of_ds(daemon_set(&o)))];
+    specs.extend(
+        o.deployments
+            .iter()
+            .map(|d| pod_spec(template_of_deploy(d))),
+    );
+    let mut n = 0;
+    for s in specs {
+        for c in s
+            .containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+        {
+            assert_eq!(c.image.as_deref(), Some(image.as_str()), "{}", c.name);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 3);
+    // The installer's defaults find the gVisor binaries where the Dockerfile puts them.
+    let text = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let defaults = computed::install::InstallOpts::default();
+    assert!(text.contains(
+        "COPY --from=gvisor /gvisor/runsc /gvisor/containerd-shim-runsc-v1 /usr/local/bin/"
+    ));
+    assert_eq!(defaults.runsc_src, Path::new("/usr/local/bin/runsc"));
+    assert_eq!(
+        defaults.shim_src,
+        Path::new("/usr/local/bin/containerd-shim-runsc-v1")
+    );
+}
+
+#[test]
+fn runtime_class_is_gvisor_on_the_nodes_the_installer_prepares() {
+    let o = load();
+    assert_eq!(o.runtime_classes.len(), 1);
+    let rc = &o.runtime_classes[0];
+    assert_eq!(rc.metadata.name.as_deref(), Some("gvisor"));
+    assert_eq!(rc.handler, "runsc");
+    assert_eq!(rc.handler, computed::install::containerd::HANDLER);
+    // Pods of the class go where the DaemonSet runs (and so where runsc is registered).
+    let ds_spec = pod_spec(template_of_ds(daemon_set(&o)));
+    let sched = rc.scheduling.as_ref().expect("RuntimeClass scheduling");
+    assert_eq!(sched.node_selector, ds_spec.node_selector);
+    assert_eq!(sched.tolerations, ds_spec.tolerations);
+}
+
+#[test]
+fn node_daemonset_installs_then_runs_the_daemon() {
+    let o = load();
+    let ds = daemon_set(&o);
+    let dspec = ds.spec.as_ref().unwrap();
+    let strategy = dspec.update_strategy.as_ref().unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    assert_eq!(
+        strategy
+            .rolling_update
+            .as_ref()
+            .unwrap()
+            .max_unavailable
+            .clone(),
+        Some(IntOrString::Int(1))
+    );
+    let spec = pod_spec(&dspec.template);
+    assert_eq!(
+        spec.host_pid,
+        Some(true),
+        "the installer's nsenter -t 1 needs hostPID"
+    );
+    assert_eq!(spec.termination_grace_period_seconds, Some(30));
+    assert_eq!(
+        spec.node_selector.clone().unwrap(),
+        BTreeMap::from([("compute.paper-board.io/gvisor".into(), "true".into())])
+    );
+    let tol = spec.tolerations.as_ref().unwrap();
+    assert!(tol.iter().any(
+        |t| t.key.as_deref() == Some("compute.paper-board.io/gvisor")
+            && t.operator.as_deref() == Some("Equal")
+            && t.value.as_deref() == Some("true")
+            && t.effect.as_deref() == Some("NoSchedule")
+    ));
+    let volumes = spec.volumes.as_ref().unwrap();
+    let volume = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("no volume {name}"))
+    };
+
+    // The init container: privileged `computed install` with the host's / at --host-root.
+    let opts = install_opts(&o);
+    let init = &spec.init_containers.as_ref().unwrap()[0];
+    assert_eq!(
+        init.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let host_mount = init
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| Path::new(&m.mount_path) == opts.host_root)
+        .expect("--host-root is not a mount of the init container");
+    let hp = volume(&host_mount.name).host_path.as_ref().unwrap();
+    assert_eq!(hp.path, "/");
+    assert!(!opts.dry_run);
+
+    // The daemon.
+    let c = container(spec, "computed");
+    assert_eq!(c.args.as_deref(), Some(&["node".to_string()][..]));
+    assert_eq!(
+        c.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let env: BTreeMap<_, _> = c
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| (e.name.clone(), e))
+        .collect();
+    assert_eq!(
+        env["CONTAINERD_ADDRESS"].value.as_deref(),
+        Some("/run/containerd/containerd.sock")
+    );
+    assert_eq!(
+        env["COMPUTE_NODE_NAME"]
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
+    let ports: BTreeMap<_, _> = c
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| (p.name.clone().unwrap(), p.container_port))
+        .collect();
+    assert_eq!(ports["grpc"], 50051);
+    assert_eq!(ports["metrics"], 9090);
+    assert!(c
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .all(|p| p.host_port.is_none()));
+    assert_eq!(
+        spec.host_network, None,
+        "the router reaches nodes at their pod IPs"
+    );
+
+    // Every path the daemon hands to the host's containerd is the same path on the host.
+    let mounts = c.volume_mounts.as_ref().unwrap();
+    let mut by_path = BTreeMap::new();
+    for m in mounts {
+        let v = volume(&m.name);
+        if let Some(hp) = &v.host_path {
+            assert_eq!(
+                hp.path, m.mount_path,
+                "hostPath {} is mounted elsewhere",
+                hp.path
+            );
+        }
+        by_path.insert(m.mount_path.clone(), m);
+    }
+    for (p, prop) in [
+        ("/run/containerd", None),
+        ("/var/lib/compute", Some("Bidirectional")),
+        ("/run/compute", Some("Bidirectional")),
+        ("/sys/fs/cgroup", None),
+        ("/dev", None),
+    ] {
+        let m = by_path
+            .get(p)
+            .unwrap_or_else(|| panic!("the daemon does not mount {p}"));
+        assert_eq!(m.mount_propagation.as_deref(), prop, "{p}");
+    }
+    let sock = Path::new(env["CONTAINERD_ADDRESS"].value.as_deref().unwrap());
+    assert!(by_path.contains_key(sock.parent().unwrap().to_str().unwrap()));
+
+    // Its config: loads with the real loader, and runsc is where the installer puts it.
+    let cfg_path = Path::new(env["COMPUTE_CONFIG"].value.as_deref().unwrap());
+    let cfg_mount = by_path
+        .get(cfg_path.parent().unwrap().to_str().unwrap())
+        .expect("COMPUTE_CONFIG is not in a mounted volume");
+    let cm_name = &volume(&cfg_mount.name).config_map.as_ref().unwrap().name;
+    let cm = o
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(cm_name))
+        .unwrap();
+    let key = cfg_path.file_name().unwrap().to_str().unwrap();
+    let text = &cm.data.as_ref().unwrap()[key];
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("config.toml");
+    std::fs::write(&f, text).unwrap();
+    let cfg = computed::config::Config::load(Some(&f)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.runsc_path, opts.bin_dir.join("runsc"));
+    assert!(cfg.gc_interval_secs > 0, "GC runs inside the daemon");
+    assert_eq!(cfg.state_dir, Path::new("/var/lib/compute"));
+    assert_eq!(cfg.run_dir, Path::new("/run/compute"));
+}
+
+#[test]
+fn probes_are_grpc_on_50051() {
+    let o = load();
+    let c = container(pod_spec(template_of_ds(daemon_set(&o))), "computed");
+    assert!(is_grpc_on(&c.readiness_probe, 50051));
+    assert!(is_grpc_on(&c.liveness_probe, 50051));
+    assert!(is_grpc_on(&c.startup_probe, 50051));
+    let r = container(pod_spec(template_of_deploy(router(&o))), "router");
+    assert!(is_grpc_on(&r.readiness_probe, 50051));
+    // Liveness of the router only asks that it listens (its health follows the nodes').
+    let live = r.liveness_probe.as_ref().unwrap();
+    assert!(
+        live.grpc.as_ref().is_some_and(|g| g.port == 50051)
+            || live
+                .tcp_socket
+                .as_ref()
+                .is_some_and(|t| t.port == IntOrString::Int(50051))
+    );
+}
+
+#[test]
+fn router_runs_unprivileged() {
+    let o = load();
+    let spec = pod_spec(template_of_deploy(router(&o)));
+    assert_eq!(
+        spec.security_context
+            .as_ref()
+            .and_then(|s| s.run_as_non_root),
+        Some(true)
+    );
+    assert_ne!(spec.host_pid, Some(true));
+    assert_ne!(spec.host_network, Some(true));
+    assert!(spec.volumes.is_none(), "the router mounts nothing");
+    let c = container(spec, "router");
+    let sc = c.security_context.as_ref().unwrap();
+    assert_ne!(sc.privileged, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+}
+
+#[test]
+fn dockerfile_copies_everything_cargo_builds_from() {
+    let docker = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let copied: BTreeSet<String> = docker
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .filter(|l| !l.starts_with("--from"))
+        .flat_map(|l| {
+            let parts: Vec<&str> = l.split_whitespace().collect();
+            parts[..parts.len().saturating_sub(1)]
+                .iter()
+                .map(|s| s.trim_end_matches('/').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let manifest: toml::Table =
+        toml::from_str(&std::fs::read_to_string(repo().join("Cargo.toml")).unwrap()).unwrap();
+    let mut needed: BTreeSet<String> = ["Cargo.toml", "Cargo.lock", "build.rs", "src", "proto"]
+        .map(String::from)
+        .into();
+    // Only binaries are built (`--bins`), but cargo checks every declared target's path.
+    for kind in ["bin", "test", "bench", "example"] {
+        for t in manifest
+            .get(kind)
+            .and_then(toml::Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(p) = t.get("path").and_then(toml::Value::as_str) {
+                let first = Path::new(p).components().next().unwrap();
+                needed.insert(first.as_os_str().to_str().unwrap().to_string());
+            }
+        }
+    }
+    let missing: Vec<_> = needed.difference(&copied).collect();
+    assert!(
+        missing.is_empty(),
+        "the Dockerfile's build stage does not COPY {missing:?}"
+    );
+}
+
+#[test]
+fn router_args_are_accepted_by_the_binary() {
+    let o = load();
+    let args = container(pod_spec(template_of_deploy(router(&o))), "router")
+        .args
+        .clone()
+        .unwrap();
+    // No cluster here: with no kubeconfig and no in-cluster environment the router stops at
+    // Kubernetes discovery, after clap has accepted (or refused, exit 2) every flag.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_computed"))
+        .args(&args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("HOME", "/nonexistent")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("COMPUTE_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(2), "router args refused: {err}");
+    assert!(!err.contains("Usage:"), "router args refused: {err}");
+}
