@@ -1,7 +1,11 @@
 //! `sandbox-agent`: a sandbox.v1 worker. It attaches to a relay (`--relay ADDR`, TCP
-//! `host:port` or `unix:/path`), says Hello, heartbeats, and runs the commands the relay sends:
-//! each through `/bin/sh -c` in its own process group, with stdin, separate stdout and stderr,
-//! a timeout, and Abort (SIGTERM to the whole group, SIGKILL after the grace period).
+//! `host:port` or `unix:/path`) or speaks the worker protocol over its own stdin/stdout
+//! (`--stdio`, framed, see `computed::relay::frame`), says Hello, heartbeats, and runs the
+//! commands it is sent: each through `/bin/sh -c` (or the node's static busybox when the image
+//! has no shell) in its own process group, with stdin, separate stdout and stderr, a timeout,
+//! and Abort (SIGTERM to the whole group, SIGKILL after the grace period, or at once on a
+//! second Abort). With `--init` it is the sandbox's PID 1: it runs the worker as its child and
+//! reaps every orphan.
 
 use std::collections::HashMap;
 use std::process::{ExitCode, Stdio};
@@ -21,8 +25,14 @@ use tonic::transport::{Channel, Endpoint};
 #[command(name = "sandbox-agent", version, about = "A sandbox.v1 worker")]
 struct Args {
     /// The relay to attach to: `host:port`, `http://host:port` or `unix:/path`.
+    #[arg(long, required_unless_present = "stdio")]
+    relay: Option<String>,
+    /// Speak the worker protocol over stdin/stdout instead.
     #[arg(long)]
-    relay: String,
+    stdio: bool,
+    /// Run as PID 1: start the worker as a child and reap orphans.
+    #[arg(long)]
+    init: bool,
     /// The sandbox id this worker serves.
     #[arg(long, env = "SANDBOX_ID")]
     sandbox_id: String,
@@ -127,7 +137,15 @@ async fn pump(
 
 async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>, grace: Duration) {
     let req_id = e.req_id;
-    let mut cmd = tokio::process::Command::new("/bin/sh");
+    let shell = if std::path::Path::new("/bin/sh").exists() {
+        "/bin/sh"
+    } else {
+        "/.compute/busybox"
+    };
+    let mut cmd = tokio::process::Command::new(shell);
+    if shell != "/bin/sh" {
+        cmd.arg("sh");
+    }
     cmd.arg("-c")
         .arg(&e.command)
         .stdin(Stdio::piped())
@@ -216,9 +234,71 @@ async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>,
         .await;
 }
 
+/// Frames over stdin/stdout: a reader that resynchronises on garbage, and a writer.
+fn stdio_transport(
+    mut out: mpsc::Receiver<pb::WorkerFrame>,
+    inbound: mpsc::Sender<pb::ServerFrame>,
+) {
+    use computed::relay::frame;
+    tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(f) = out.recv().await {
+            if stdout.write_all(&frame::encode(&f)).await.is_err() || stdout.flush().await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut r = frame::Reader::default();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stdin.read(&mut buf).await {
+                // The node daemon may be restarting: the FIFO comes back; keep waiting.
+                Ok(0) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Ok(n) => {
+                    r.push(&buf[..n]);
+                    while let Some(f) = r.next_message::<pb::ServerFrame>() {
+                        if inbound.send(f).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// PID 1: runs the worker (this binary without `--init`) as a child with the same stdio, reaps
+/// every process that ends up parented to us, and exits with the worker's status.
+fn init() -> ExitCode {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--init").collect();
+    let exe = std::env::current_exe().unwrap_or_else(|_| "/.compute/sandbox-agent".into());
+    let child = match std::process::Command::new(exe).args(args).spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sandbox-agent: start worker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let worker = nix::unistd::Pid::from_raw(child.id() as i32);
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == worker => {
+                return ExitCode::from(code as u8)
+            }
+            Ok(WaitStatus::Signaled(pid, _, _)) if pid == worker => return ExitCode::FAILURE,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return ExitCode::FAILURE,
+        }
+    }
+}
+
 async fn serve(args: Args) -> anyhow::Result<()> {
-    let ch = channel(&args.relay).await?;
-    let mut client = SandboxWorkerClient::new(ch);
     let (tx, rx) = mpsc::channel::<pb::WorkerFrame>(256);
     let labels = args
         .labels
@@ -256,13 +336,28 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             }
         }
     });
-    let mut inbound = client
-        .attach(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    let running: Arc<Mutex<HashMap<u64, i32>>> = Arc::default();
     let grace = Duration::from_secs_f64(args.grace.max(0.0));
-    while let Some(f) = inbound.message().await? {
+    let (in_tx, mut inbound) = mpsc::channel::<pb::ServerFrame>(256);
+    if args.stdio {
+        stdio_transport(rx, in_tx);
+    } else {
+        let relay = args.relay.clone().unwrap_or_default();
+        let mut client = SandboxWorkerClient::new(channel(&relay).await?);
+        let mut frames = client
+            .attach(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        tokio::spawn(async move {
+            while let Ok(Some(f)) = frames.message().await {
+                if in_tx.send(f).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let running: Arc<Mutex<HashMap<u64, i32>>> = Arc::default();
+    let mut aborted = std::collections::HashSet::new();
+    while let Some(f) = inbound.recv().await {
         match f.msg {
             Some(ServerMsg::Exec(e)) => {
                 tokio::spawn(run_exec(e, tx.clone(), running.clone(), grace));
@@ -274,7 +369,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
                     .get(&a.req_id)
                     .copied();
                 if let Some(pg) = pg {
-                    tokio::spawn(stop_group(pg, grace));
+                    // A second Abort for the same exec kills at once.
+                    let again = !aborted.insert(a.req_id);
+                    tokio::spawn(stop_group(pg, if again { Duration::ZERO } else { grace }));
                 }
             }
             None => {}
@@ -285,6 +382,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.init {
+        return init();
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
