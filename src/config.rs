@@ -125,6 +125,14 @@ pub struct Config {
     pub admin_tcp: bool,
     /// Group that owns the unix socket (mode 0660); empty keeps root's group.
     pub socket_group: String,
+    /// Run the in-sandbox agent as every sandbox's init and send execs through it (fast path);
+    /// execs fall back to containerd exec while it is not attached.
+    pub agent: bool,
+    /// The sandbox-agent binary (static for images without glibc); empty: `sandbox-agent`
+    /// next to this executable.
+    pub agent_binary: PathBuf,
+    /// Most concurrent execs the agent runs per sandbox.
+    pub agent_capacity: u32,
     /// A relay worker silent this long (no frame, no heartbeat) is dropped, in milliseconds.
     pub worker_heartbeat_timeout_ms: u64,
     /// How long a relay Exec waits for a worker to attach, in milliseconds (0: UNAVAILABLE
@@ -185,6 +193,9 @@ impl Default for Config {
             init_helper: "/bin/busybox".into(),
             pull_missing: true,
             insecure_registries: vec![],
+            agent: false,
+            agent_binary: PathBuf::new(),
+            agent_capacity: 64,
             worker_heartbeat_timeout_ms: 10_000,
             worker_wait_ms: 0,
             admin_tcp: false,

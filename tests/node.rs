@@ -604,7 +604,9 @@ async fn memory_limit_kills_the_exec_not_the_sandbox() {
     assert_eq!(done.exit_code, 137);
     assert!(done.oom_killed, "the exec is marked as OOM-killed");
     assert!(t0.elapsed() < Duration::from_secs(20));
-    assert!(done.usage.unwrap().memory_peak_bytes > 256 << 20);
+    // Per-exec memory is what the exec added above the sandbox's level at its start: the kill
+    // came once the sandbox as a whole (sentry included) went over 256 MiB.
+    assert!(done.usage.unwrap().memory_peak_bytes > 192 << 20);
     // The sandbox survives with its workspace, and the next exec works.
     let desc = c
         .describe_sandbox(pb::DescribeSandboxRequest {

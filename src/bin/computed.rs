@@ -23,6 +23,15 @@ struct Args {
 enum Cmd {
     /// Run the node daemon in the foreground.
     Node,
+    /// Hold a sandbox agent's FIFOs open (a writer on its input, a reader on its output)
+    /// until the shim closes them (internal).
+    #[command(hide = true)]
+    FifoHold {
+        /// The agent's input FIFO.
+        input: PathBuf,
+        /// The agent's output FIFO.
+        output: PathBuf,
+    },
     /// Run the stateless cluster router in the foreground.
     Router(RouterArgs),
     /// Install runsc on the host and register it with containerd (the DaemonSet's init step).
@@ -70,8 +79,60 @@ struct RouterArgs {
     metrics_listen: String,
 }
 
+/// Opens `output` read-write (so the shim's writer never lacks a reader, even while the daemon
+/// restarts) and `input` for writing (waiting for the shim to open it), then sleeps until the
+/// shim closes `input`.
+fn fifo_hold(input: &std::path::Path, output: &std::path::Path) -> ExitCode {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let Ok(_out) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(output)
+    else {
+        return ExitCode::FAILURE;
+    };
+    // The agent's stderr: drained into agent.log beside the FIFOs.
+    let errf = output.with_file_name("err");
+    if let Ok(mut e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&errf)
+    {
+        let log = output.with_file_name("agent.log");
+        std::thread::spawn(move || {
+            if let Ok(mut l) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+            {
+                let _ = std::io::copy(&mut e, &mut l);
+            }
+        });
+    }
+    let Ok(f) = std::fs::OpenOptions::new().write(true).open(input) else {
+        return ExitCode::FAILURE;
+    };
+    loop {
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::empty())];
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(_) => {
+                let ev = fds[0].revents().unwrap_or(PollFlags::empty());
+                if ev.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL) {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return ExitCode::FAILURE,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Cmd::FifoHold { input, output } = &args.cmd {
+        return fifo_hold(input, output);
+    }
     let cfg = match Config::load(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -92,6 +153,7 @@ fn main() -> ExitCode {
             Cmd::Node => run_node(cfg).await,
             Cmd::Router(args) => run_router(args).await,
             Cmd::Install(opts) => computed::install::run(&opts),
+            Cmd::FifoHold { .. } => Ok(()),
             Cmd::Gc { dry_run } => {
                 let dir = cfg.state_dir.clone();
                 let freed = tokio::task::spawn_blocking(move || {

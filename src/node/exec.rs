@@ -233,6 +233,9 @@ impl Node {
         req: ExecRequest,
         tx: &mpsc::Sender<ExecEvent>,
     ) -> Result<Completed> {
+        if let Some(r) = self.exec_via_agent(sb, &req, tx).await {
+            return r;
+        }
         let cfg = self.config();
         let ctr = &self.runtime().ctr;
         let exec_id = format!("exec-{}", uuid::Uuid::new_v4().simple());

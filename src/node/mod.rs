@@ -7,6 +7,7 @@
 //! table from those after a restart.
 
 pub mod admin;
+pub mod agent;
 mod error;
 pub mod exec;
 pub mod gc;
@@ -311,6 +312,23 @@ fn install_helpers(cfg: &Config) -> Option<PathBuf> {
         if let Err(e) = res {
             warn!(error = %e, "could not install the init helper; using the image's /bin/sh");
             return None;
+        }
+    }
+    if cfg.agent {
+        let src = if cfg.agent_binary.as_os_str().is_empty() {
+            std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join("sandbox-agent")))
+                .unwrap_or_default()
+        } else {
+            cfg.agent_binary.clone()
+        };
+        let dst = dir.join("sandbox-agent");
+        if std::fs::read(&dst).ok() != std::fs::read(&src).ok() {
+            let tmp = dir.join("sandbox-agent.tmp");
+            if let Err(e) = std::fs::copy(&src, &tmp).and_then(|_| std::fs::rename(&tmp, &dst)) {
+                warn!(error = %e, src = %src.display(), "could not install sandbox-agent; execs use containerd");
+            }
         }
     }
     Some(dir)
@@ -659,7 +677,21 @@ impl Node {
     fn spec_for(&self, sb: &Sandbox, image_env: &[String]) -> Vec<u8> {
         let cfg = &self.inner.cfg;
         let paths = self.paths(&sb.id);
-        let init_args: Vec<String> = if self.inner.helpers_dir.is_some() {
+        let init_args: Vec<String> = if self.agent_enabled() {
+            vec![
+                "/.compute/sandbox-agent".into(),
+                "--init".into(),
+                "--stdio".into(),
+                "--sandbox-id".into(),
+                sb.id.clone(),
+                "--capacity".into(),
+                cfg.agent_capacity.to_string(),
+                "--grace".into(),
+                cfg.cancel_grace_secs.to_string(),
+                "--heartbeat".into(),
+                "2".into(),
+            ]
+        } else if self.inner.helpers_dir.is_some() {
             vec![
                 "/.compute/busybox".into(),
                 "sh".into(),
@@ -703,6 +735,9 @@ impl Node {
                     sb.set_status(Status::Ready, "");
                     info!(sandbox_id = %sb.id, "sandbox ready");
                     node.spawn_exit_watch(sb.clone());
+                    if node.agent_enabled() {
+                        node.spawn_agent_link(sb.clone(), false);
+                    }
                 }
                 Err(e) => {
                     warn!(sandbox_id = %sb.id, error = %e, "sandbox failed to start");
@@ -738,7 +773,14 @@ impl Node {
             })
             .await?;
         }
-        rt.start_task(&sb.id, &resolved.chain_id).await?;
+        let (stdin, stdout, stderr) = if self.agent_enabled() {
+            let (i, o) = self.prepare_agent_io(&sb.id).await?;
+            (i, o, self.agent_stderr(&sb.id))
+        } else {
+            (String::new(), String::new(), String::new())
+        };
+        rt.start_task(&sb.id, &resolved.chain_id, [&stdin, &stdout, &stderr])
+            .await?;
         Ok(())
     }
 
@@ -925,6 +967,7 @@ impl Node {
         let _ = blocking(move || crate::metering::disk::flush(&data)).await;
         let usage = self.usage(&sb).await;
         self.inner.rt.teardown(&sb.id).await?;
+        self.agent_gone(&sb.id).await;
         let cg = self.cgroup(&sb.id);
         let exec_dir = self.inner.cfg.run_dir.join("io").join(&sb.id);
         let now = SystemTime::now();
@@ -1027,7 +1070,12 @@ impl Node {
             }
             match sb.state().status {
                 Status::Starting => self.spawn_provision(sb.clone()),
-                Status::Ready => self.spawn_exit_watch(sb.clone()),
+                Status::Ready => {
+                    self.spawn_exit_watch(sb.clone());
+                    if self.agent_io_exists(&sb.id) {
+                        self.spawn_agent_link(sb.clone(), true);
+                    }
+                }
                 _ => {}
             }
             self.spawn_deadline(sb);

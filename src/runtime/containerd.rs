@@ -595,21 +595,16 @@ impl Containerd {
 
     // ---- tasks ----
 
-    /// Creates the task (the init process) of a container with the given rootfs mounts.
-    pub async fn create_task(
-        &self,
-        id: &str,
-        rootfs: Vec<Mount>,
-        stdout: &str,
-        stderr: &str,
-    ) -> Result<u32> {
+    /// Creates the task (the init process) of a container with the given rootfs mounts and
+    /// stdio FIFO paths (stdin, stdout, stderr; empty = none).
+    pub async fn create_task(&self, id: &str, rootfs: Vec<Mount>, stdio: [&str; 3]) -> Result<u32> {
         let resp = TasksClient::new(self.channel.clone())
             .create(self.req(CreateTaskRequest {
                 container_id: id.into(),
                 rootfs,
-                stdin: String::new(),
-                stdout: stdout.into(),
-                stderr: stderr.into(),
+                stdin: stdio[0].into(),
+                stdout: stdio[1].into(),
+                stderr: stdio[2].into(),
                 terminal: false,
                 checkpoint: None,
                 options: None,

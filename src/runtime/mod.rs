@@ -270,7 +270,7 @@ impl Runtime {
 
     /// Replaces the OCI spec of an existing container (the image is resolved after the record
     /// is made).
-    pub async fn start_task(&self, id: &str, chain_id: &str) -> Result<()> {
+    pub async fn start_task(&self, id: &str, chain_id: &str, stdio: [&str; 3]) -> Result<()> {
         // A retry after a crash finds the snapshot already prepared: reuse its mounts.
         let mounts = match self.ctr.prepare_snapshot(id, chain_id, None).await {
             Ok(m) => m,
@@ -282,7 +282,7 @@ impl Runtime {
             let _ = self.ctr.kill(id, "", 9, true).await;
             self.ctr.delete_task(id, Duration::from_secs(10)).await?;
         }
-        self.ctr.create_task(id, mounts, "", "").await?;
+        self.ctr.create_task(id, mounts, stdio).await?;
         if let Err(e) = self.ctr.start(id, "").await {
             let _ = self.ctr.kill(id, "", 9, true).await;
             let _ = self.ctr.delete_task(id, Duration::from_secs(10)).await;
