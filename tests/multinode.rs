@@ -323,6 +323,62 @@ async fn three_nodes_two_routers() {
         "one session got several sandboxes: {storm:?}"
     );
 
+    // The sandbox.v1 relay through the routers: a worker attaches through one replica, a
+    // harness runs a command through the other.
+    let ext = format!("ext-{}", uuid::Uuid::new_v4().simple());
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args([
+            "--relay",
+            &r1.addr,
+            "--sandbox-id",
+            &ext,
+            "--heartbeat",
+            "0.5",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ch = Channel::from_shared(format!("http://{}", r2.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = computed::api::sandbox::v1::sandbox_exec_client::SandboxExecClient::new(ch);
+    let req = computed::api::sandbox::v1::ExecRequest {
+        sandbox_id: ext.clone(),
+        exec: Some(computed::api::sandbox::v1::Exec {
+            req_id: 1,
+            command: "echo through-the-router".into(),
+            stdin: vec![],
+            timeout_s: 10,
+            streaming: true,
+        }),
+    };
+    let t = Instant::now();
+    let mut out = String::new();
+    loop {
+        match h.exec(req.clone()).await {
+            Ok(s) => {
+                let mut s = s.into_inner();
+                while let Some(ev) = s.message().await.unwrap() {
+                    if let Some(computed::api::sandbox::v1::exec_event::Event::Chunk(c)) = ev.event
+                    {
+                        out.push_str(&String::from_utf8_lossy(&c.data));
+                    }
+                }
+                break;
+            }
+            Err(e) if e.code() == Code::Unavailable && t.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("relay exec through the router: {e:?}"),
+        }
+    }
+    assert_eq!(out, "through-the-router\n");
+    let _ = worker.kill();
+    let _ = worker.wait();
+
     // A node that is gone: its sandboxes fail fast with UNAVAILABLE, the others keep working,
     // and new sandboxes go elsewhere.
     let victim = owner(&nodes, &ids[0]).await.unwrap();

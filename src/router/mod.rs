@@ -384,6 +384,29 @@ impl Router {
         }
     }
 
+    /// The node that hosts relay traffic for `sandbox_id`: the node owning that sandbox when it
+    /// is one of ours, else the ready node that wins a rendezvous hash of the id (where an
+    /// external worker with that id attaches through any router replica).
+    pub async fn relay_node(&self, sandbox_id: &str) -> Result<NodeEndpoint> {
+        if uuid::Uuid::parse_str(sandbox_id).is_ok() {
+            match self.owner(sandbox_id).await {
+                Ok(n) => return Ok(n),
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.ready_nodes()
+            .into_iter()
+            .map(|(n, _)| n)
+            .max_by_key(|n| score(sandbox_id, &n.name))
+            .ok_or_else(|| Error::Unavailable("no ready node".into()))
+    }
+
+    /// A channel to a node (for the relay services).
+    pub fn node_channel(&self, n: &NodeEndpoint) -> Result<Channel> {
+        self.channel(n)
+    }
+
     /// Marks a node down after a failed call, so the next calls fail fast.
     pub fn node_failed(&self, n: &NodeEndpoint, status: &tonic::Status) {
         if status.code() == Code::Unavailable {

@@ -172,6 +172,7 @@ pub async fn serve(
         });
     }
     let (v1, v1alpha) = crate::server::reflection()?;
+    let relay = RelayForwarder::new(r.clone());
     let svc = ComputeServiceServer::new(Forwarder::new(r))
         .max_decoding_message_size(crate::server::MAX_MESSAGE)
         .max_encoding_message_size(crate::server::MAX_MESSAGE);
@@ -186,8 +187,98 @@ pub async fn serve(
         .add_service(health)
         .add_service(v1)
         .add_service(v1alpha)
+        .add_service(
+            crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone()),
+        )
+        .add_service(crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay))
         .add_service(svc)
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), shutdown)
         .await?;
     Ok(())
+}
+
+/// The sandbox.v1 relay through the router: every call goes to the node that hosts the
+/// sandbox's worker ([`Router::relay_node`]); a worker's Attach stream is proxied both ways.
+#[derive(Clone)]
+pub struct RelayForwarder {
+    r: Router,
+}
+
+impl RelayForwarder {
+    /// Forwards through `r`.
+    pub fn new(r: Router) -> Self {
+        Self { r }
+    }
+}
+
+type FrameStream =
+    Pin<Box<dyn Stream<Item = Result<crate::api::sandbox::v1::ServerFrame, Status>> + Send>>;
+type RelayEventStream =
+    Pin<Box<dyn Stream<Item = Result<crate::api::sandbox::v1::ExecEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl crate::api::sandbox::v1::sandbox_worker_server::SandboxWorker for RelayForwarder {
+    type AttachStream = FrameStream;
+
+    async fn attach(
+        &self,
+        req: Request<tonic::Streaming<crate::api::sandbox::v1::WorkerFrame>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        use crate::api::sandbox::v1 as sb;
+        let mut frames = req.into_inner();
+        // The Hello names the sandbox, and so the node.
+        let first = frames
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the first frame must be Hello"))?;
+        let id = match &first.msg {
+            Some(sb::worker_frame::Msg::Hello(h)) if !h.sandbox_id.is_empty() => {
+                h.sandbox_id.clone()
+            }
+            _ => return Err(Status::invalid_argument("the first frame must be Hello")),
+        };
+        let n = self.r.relay_node(&id).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let _ = tx.send(first).await;
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = frames.message().await {
+                if tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let upstream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let mut client =
+            sb::sandbox_worker_client::SandboxWorkerClient::new(self.r.node_channel(&n)?);
+        let down = client.attach(upstream).await?.into_inner();
+        Ok(Response::new(Box::pin(down)))
+    }
+}
+
+#[tonic::async_trait]
+impl crate::api::sandbox::v1::sandbox_exec_server::SandboxExec for RelayForwarder {
+    type ExecStream = RelayEventStream;
+
+    async fn exec(
+        &self,
+        req: Request<crate::api::sandbox::v1::ExecRequest>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        use crate::api::sandbox::v1 as sb;
+        let req = req.into_inner();
+        let n = self.r.relay_node(&req.sandbox_id).await?;
+        let mut client = sb::sandbox_exec_client::SandboxExecClient::new(self.r.node_channel(&n)?);
+        let s = client.exec(req).await?.into_inner();
+        Ok(Response::new(Box::pin(s)))
+    }
+
+    async fn abort(
+        &self,
+        req: Request<crate::api::sandbox::v1::AbortRequest>,
+    ) -> Result<Response<crate::api::sandbox::v1::AbortResponse>, Status> {
+        use crate::api::sandbox::v1 as sb;
+        let req = req.into_inner();
+        let n = self.r.relay_node(&req.sandbox_id).await?;
+        let mut client = sb::sandbox_exec_client::SandboxExecClient::new(self.r.node_channel(&n)?);
+        Ok(Response::new(client.abort(req).await?.into_inner()))
+    }
 }
