@@ -117,6 +117,7 @@ stop_up
 check "no sandbox left after scripts/up stops" $?
 ! pgrep -f "$left" >/dev/null; check "no runsc process left after scripts/up stops" $?
 [[ -n $left ]]; check "the left-running sandbox had been created" $?
+! grep -q "$left" /proc/mounts; check "no workspace mount left after scripts/up stops" $?
 
 echo "quickstart: $passed passed, $failed failed"
 [[ $failed == 0 ]]

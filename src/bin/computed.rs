@@ -110,8 +110,22 @@ fn fifo_hold(input: &std::path::Path, output: &std::path::Path) -> ExitCode {
             }
         });
     }
-    let Ok(f) = std::fs::OpenOptions::new().write(true).open(input) else {
-        return ExitCode::FAILURE;
+    // Wait for the shim to open its end (non-blocking opens fail with ENXIO until then); give
+    // up after a minute: the task never came.
+    use std::os::unix::fs::OpenOptionsExt;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let f = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(input)
+        {
+            Ok(f) => break f,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(_) => return ExitCode::FAILURE,
+        }
     };
     loop {
         let mut fds = [PollFd::new(f.as_fd(), PollFlags::empty())];

@@ -742,6 +742,7 @@ impl Node {
                 Err(e) => {
                     warn!(sandbox_id = %sb.id, error = %e, "sandbox failed to start");
                     node.fail(&sb, &format!("start failed: {e}")).await;
+                    node.agent_gone(&sb.id).await;
                 }
             }
         });
