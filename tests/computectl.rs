@@ -262,6 +262,19 @@ async fn every_command_against_a_real_node() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("FAIL") && text(&o).contains("start `computed node`"));
 
+    // The admin service is not on TCP unless configured: computectl over --addr can still use
+    // ComputeService, but not the admin verbs.
+    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .args(["--addr", &d.addr, "ls"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err(&o).contains("Unimplemented"), "{}", err(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .args(["--addr", &d.addr, "exec", &a, "--", "echo", "tcp"])
+        .output()
+        .unwrap();
+    assert_eq!(text(&o), "tcp\n");
     // Unreachable node: a clear error and exit 1; usage errors exit 2.
     let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
         .args(["--socket", "/nonexistent.sock", "ls"])
