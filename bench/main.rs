@@ -1,6 +1,606 @@
-//! The benchmark harness (being written).
+//! `compute-bench`: measures the compute service against a raw containerd + runsc baseline, in
+//! the same run, on the same machine, with the same image and the same requests.
+//!
+//! "ours" is a real `computed node` started for the run (temp config, free port, namespace
+//! `bench-ours-<pid>`); "baseline" drives containerd + runsc directly through the project's
+//! runtime library (namespace `bench-base-<pid>`), with no daemon. Every scenario runs on both.
+//! Prints a table and writes `results.json` (and `results.md`). Everything made is removed at
+//! the end, also on error or Ctrl-C. See docs/bench.md.
 
-fn main() {
-    eprintln!("compute-bench: not yet built");
-    std::process::exit(2);
+mod base;
+mod host;
+mod ours;
+mod scenarios;
+mod stats;
+mod target;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use futures::FutureExt;
+use serde_json::Value;
+
+use base::Base;
+use ours::Ours;
+use scenarios::Plan;
+use stats::{Better, Dist, Scenario, Side};
+use target::{Sut, Target};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "compute-bench",
+    about = "Benchmarks computed against raw containerd + runsc"
+)]
+struct Args {
+    /// Small sample counts (finishes in a few minutes on 2 cores).
+    #[arg(long)]
+    quick: bool,
+    /// Where to write results.json (results.md and the daemon's log go beside it).
+    #[arg(long, default_value = "target/bench/results.json")]
+    out: PathBuf,
+    /// The `computed` binary (default: next to this one).
+    #[arg(long)]
+    computed: Option<PathBuf>,
+    /// The OCI image tarball both sides run.
+    #[arg(long, default_value = "target/images/sandbox-python.tar")]
+    image_tar: PathBuf,
+    /// containerd's socket.
+    #[arg(
+        long,
+        env = "CONTAINERD_ADDRESS",
+        default_value = "/run/compute/containerd.sock"
+    )]
+    containerd: PathBuf,
+    /// The runsc binary (both sides).
+    #[arg(long, default_value = "/usr/bin/runsc")]
+    runsc: PathBuf,
+    /// Storage class of ours' workspaces; empty = the daemon's default (`standard`, ext4-loop).
+    #[arg(long, default_value = "")]
+    storage_class: String,
+    /// Scenario groups to run: cold (create_to_first_output_*, destroy), ready (exec_rtt_true,
+    /// write_read_16mib), throughput, density.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "cold,ready,throughput,density"
+    )]
+    only: Vec<String>,
+    /// Override: cold creates per side.
+    #[arg(long)]
+    creates: Option<usize>,
+    /// Override: `true` round trips per side.
+    #[arg(long)]
+    execs: Option<usize>,
+    /// Override: 16 MiB write + read rounds per side.
+    #[arg(long)]
+    file_rounds: Option<usize>,
+    /// Override: throughput duration in seconds.
+    #[arg(long)]
+    throughput_secs: Option<u64>,
+    /// Concurrent sessions (one sandbox each) of the throughput scenario.
+    #[arg(long, default_value_t = 8)]
+    sessions: usize,
+    /// Override: most sandboxes of the density scenario.
+    #[arg(long)]
+    density: Option<usize>,
+    /// The density scenario stops when MemAvailable falls below this many MiB.
+    #[arg(long, default_value_t = 3072)]
+    mem_reserve_mib: u64,
+}
+
+impl Args {
+    fn plan(&self) -> Plan {
+        let q = self.quick;
+        Plan {
+            creates: self.creates.unwrap_or(if q { 10 } else { 30 }),
+            execs: self.execs.unwrap_or(if q { 30 } else { 200 }),
+            file_rounds: self.file_rounds.unwrap_or(if q { 5 } else { 20 }),
+            file_bytes: 16 << 20,
+            sessions: self.sessions.max(1),
+            throughput: Duration::from_secs(
+                self.throughput_secs
+                    .unwrap_or(if q { 10 } else { 30 })
+                    .max(1),
+            ),
+            density: self.density.unwrap_or(if q { 20 } else { 200 }),
+            mem_reserve: self.mem_reserve_mib << 20,
+        }
+    }
+
+    fn runs(&self, group: &str) -> bool {
+        self.only.iter().any(|g| g == group)
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("compute-bench: tokio: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(bench(args)) {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            eprintln!("compute-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench(args: Args) -> Result<u8> {
+    if !nix::unistd::Uid::effective().is_root() {
+        bail!("must run as root (sandboxes need root)");
+    }
+    for g in &args.only {
+        if !["cold", "ready", "throughput", "density"].contains(&g.as_str()) {
+            bail!("unknown scenario group {g:?}");
+        }
+    }
+    let computed = match &args.computed {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory of the executable")?
+            .join("computed"),
+    };
+    if !computed.is_file() {
+        bail!(
+            "{} not found (build with `cargo build --release --bins`)",
+            computed.display()
+        );
+    }
+    if !args.image_tar.is_file() {
+        bail!(
+            "image tarball {} not found (scripts/build-image)",
+            args.image_tar.display()
+        );
+    }
+    let image_tar = std::fs::canonicalize(&args.image_tar)?;
+    let out_dir = args
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    std::fs::create_dir_all(&out_dir)?;
+    let plan = args.plan();
+    let tmp = std::env::temp_dir().join(format!("compute-bench-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&tmp)?;
+    eprintln!(
+        "compute-bench: {} run on {}; scratch {}",
+        if args.quick { "quick" } else { "full" },
+        host::machine(),
+        tmp.display()
+    );
+    eprintln!("compute-bench: plan {plan:?}");
+
+    let made = (|| -> Result<(Ours, Base)> {
+        Ok((
+            Ours::new(
+                &computed,
+                &image_tar,
+                &args.containerd,
+                &args.runsc,
+                tmp.join("ours"),
+                &args.storage_class,
+            )?,
+            Base::new(&image_tar, &args.containerd, &args.runsc, tmp.join("base"))?,
+        ))
+    })();
+    let (ours, base) = match made {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+
+    let began = std::time::Instant::now();
+    let results: Mutex<Vec<Scenario>> = Mutex::new(Vec::new());
+    let run =
+        std::panic::AssertUnwindSafe(run(&args, &plan, &ours, &base, &results)).catch_unwind();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let (outcome, signalled): (Result<()>, bool) = tokio::select! {
+        r = run => match r {
+            Ok(r) => (r, false),
+            Err(_) => (Err(anyhow::anyhow!("the run panicked")), false),
+        },
+        _ = tokio::signal::ctrl_c() => (Err(anyhow::anyhow!("interrupted")), true),
+        _ = term.recv() => (Err(anyhow::anyhow!("terminated")), true),
+        _ = hup.recv() => (Err(anyhow::anyhow!("hung up")), true),
+    };
+    if let Err(e) = &outcome {
+        eprintln!("compute-bench: {e:#}");
+    }
+
+    // Cleanup, whatever happened. A second Ctrl-C gives up on it.
+    let give_up = tokio::spawn(async {
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("compute-bench: cleanup abandoned");
+        std::process::exit(130);
+    });
+    eprintln!("compute-bench: cleaning up");
+    ours.cleanup().await;
+    base.cleanup().await;
+    let _ = std::fs::copy(ours.log(), out_dir.join("computed.log"));
+    if let Err(e) = std::fs::remove_dir_all(&tmp) {
+        eprintln!(
+            "compute-bench: could not remove {}: {e} (a mount left behind?)",
+            tmp.display()
+        );
+    }
+    give_up.abort();
+
+    eprintln!(
+        "compute-bench: done in {:.0} s",
+        began.elapsed().as_secs_f64()
+    );
+    let results = results.into_inner().unwrap_or_default();
+    if !results.is_empty() {
+        report(&args, &plan, &results)?;
+    }
+    let failed = results
+        .iter()
+        .any(|s| s.ours.error.is_some() || s.baseline.error.is_some());
+    Ok(match outcome {
+        Err(_) if signalled => 130,
+        Err(_) => 1,
+        Ok(()) if failed => 1,
+        Ok(()) => 0,
+    })
+}
+
+/// Starts a side; returns why it did not start.
+async fn start(name: &str, f: impl Future<Output = Result<()>>) -> Option<String> {
+    eprintln!("compute-bench: starting {name}");
+    match f.await {
+        Ok(()) => None,
+        Err(e) => {
+            eprintln!("compute-bench: {name} did not start: {e:#}");
+            Some(format!("{e:#}"))
+        }
+    }
+}
+
+/// Maps the results of the sides that started back to [ours, baseline]; a side that did not
+/// start gets its start error.
+fn by_side<R>(start_errors: [&Option<String>; 2], results: Vec<Result<R>>) -> [Result<R>; 2] {
+    let mut it = results.into_iter();
+    start_errors.map(|e| match e {
+        Some(e) => Err(anyhow::anyhow!("did not start: {e}")),
+        None => it
+            .next()
+            .unwrap_or_else(|| Err(anyhow::anyhow!("no result"))),
+    })
+}
+
+/// Runs a per-side scenario on each side in turn (`reverse`: baseline first).
+async fn each<'x, 'y, R, F, Fut>(
+    live: &[&'x Sut<'y>],
+    reverse: bool,
+    what: &str,
+    f: F,
+) -> Vec<Result<R>>
+where
+    F: Fn(&'x Sut<'y>) -> Fut,
+    Fut: Future<Output = Result<R>>,
+{
+    let mut idx: Vec<usize> = (0..live.len()).collect();
+    if reverse {
+        idx.reverse();
+    }
+    let mut out: Vec<Option<Result<R>>> = live.iter().map(|_| None).collect();
+    for i in idx {
+        eprintln!("compute-bench: {what}: {}", live[i].name());
+        let r = f(live[i]).await;
+        if let Err(e) = &r {
+            eprintln!("compute-bench: {what}: {} failed: {e:#}", live[i].name());
+        }
+        out[i] = Some(r);
+    }
+    out.into_iter().flatten().collect()
+}
+
+fn side_of<R>(r: &Result<R>, f: impl FnOnce(&R) -> Side) -> Side {
+    match r {
+        Ok(v) => f(v),
+        Err(e) => Side::failed(e),
+    }
+}
+
+async fn run(
+    args: &Args,
+    plan: &Plan,
+    ours: &Ours,
+    base: &Base,
+    results: &Mutex<Vec<Scenario>>,
+) -> Result<()> {
+    let o_err = start("ours", ours.start()).await;
+    let b_err = start("baseline", base.start()).await;
+    let (o, b) = (Sut::Ours(ours), Sut::Base(base));
+    let errs = [&o_err, &b_err];
+    let live: Vec<&Sut> = [(&o, &o_err), (&b, &b_err)]
+        .into_iter()
+        .filter(|(_, e)| e.is_none())
+        .map(|(s, _)| s)
+        .collect();
+    let push = |s: Scenario| results.lock().unwrap().push(s);
+
+    if args.runs("cold") {
+        eprintln!("compute-bench: cold create + destroy (sides take turns)");
+        let [ro, rb] = by_side(errs, scenarios::cold(&live, plan).await);
+        push(Scenario {
+            name: "create_to_first_output_cold",
+            unit: "ms",
+            better: Better::Lower,
+            ours: side_of(&ro, |c| {
+                Side::measured(Dist::of(&c.first_output_ms, Better::Lower))
+            }),
+            baseline: side_of(&rb, |c| {
+                Side::measured(Dist::of(&c.first_output_ms, Better::Lower))
+            }),
+            notes: vec![
+                "ours: CreateSandbox then ExecCommand `echo hi` at once (it waits for READY) \
+                 until the first stdout byte; baseline: container + snapshot + task create/start, \
+                 then Tasks.Exec `echo hi` until the first byte on the FIFO"
+                    .into(),
+            ],
+        });
+        push(Scenario {
+            name: "create_to_first_output_pool",
+            unit: "ms",
+            better: Better::Lower,
+            ours: Side::default(),
+            baseline: Side::default(),
+            notes: vec!["n/a: the warm pool is not built yet (issue 8)".into()],
+        });
+        push(Scenario {
+            name: "destroy",
+            unit: "ms",
+            better: Better::Lower,
+            ours: side_of(&ro, |c| {
+                Side::measured(Dist::of(&c.destroy_ms, Better::Lower))
+            }),
+            baseline: side_of(&rb, |c| {
+                Side::measured(Dist::of(&c.destroy_ms, Better::Lower))
+            }),
+            notes: vec![
+                "ours: DestroySandbox right after the cold create's exec (final usage, teardown, \
+                 volume unmount, tombstone); baseline: kill + delete task, container, snapshot"
+                    .into(),
+            ],
+        });
+    }
+
+    if args.runs("ready") {
+        eprintln!("compute-bench: exec round trips + files (sides take turns)");
+        let [ro, rb] = by_side(errs, scenarios::ready(&live, plan).await);
+        push(Scenario {
+            name: "exec_rtt_true",
+            unit: "ms",
+            better: Better::Lower,
+            ours: side_of(&ro, |r| Side::measured(Dist::of(&r.rtt_ms, Better::Lower))),
+            baseline: side_of(&rb, |r| Side::measured(Dist::of(&r.rtt_ms, Better::Lower))),
+            notes: vec![
+                "one ready sandbox, sequential; ours: ExecCommand `true` until the stream ends; \
+                 baseline: FIFOs + Tasks.Exec + Start + Wait + DeleteProcess"
+                    .into(),
+            ],
+        });
+        let files = |r: &scenarios::Ready| {
+            let p50 = |v: &[f64]| Dist::of(v, Better::Higher).map(|d| d.p50);
+            let mut s = Side::measured(Dist::of(&r.file_mbps, Better::Higher));
+            if let Some(v) = p50(&r.write_mbps) {
+                s = s.with("write_p50", v);
+            }
+            if let Some(v) = p50(&r.read_mbps) {
+                s = s.with("read_p50", v);
+            }
+            s
+        };
+        push(Scenario {
+            name: "write_read_16mib",
+            unit: "MB/s",
+            better: Better::Higher,
+            ours: side_of(&ro, files),
+            baseline: side_of(&rb, files),
+            notes: vec![format!(
+                "16 MiB written then read back, MB/s = 2 x 16.78 MB / (write + read time); \
+                 ours: WriteFile + ReadFile over gRPC into the workspace{}; baseline: host `cp` \
+                 into a plain directory and back; p90/p99 are the slow tail (lower MB/s)",
+                if args.storage_class.is_empty() {
+                    " (default class: ext4-loop)".to_string()
+                } else {
+                    format!(" (class {})", args.storage_class)
+                }
+            )],
+        });
+    }
+
+    if args.runs("throughput") {
+        let r = each(&live, false, "exec throughput", |t| {
+            scenarios::throughput(t, plan)
+        })
+        .await;
+        let [ro, rb] = by_side(errs, r);
+        let side = |r: &scenarios::Throughput| {
+            let lat = Dist::of(&r.latency_ms, Better::Lower);
+            let mut s = Side::measured(Dist::of(&r.windows, Better::Higher))
+                .with("mean", r.mean())
+                .with("execs", r.total)
+                .with("errors", r.errors)
+                .with("elapsed_s", r.elapsed.as_secs_f64());
+            if let Some(l) = lat {
+                s = s
+                    .with("latency_ms_p50", l.p50)
+                    .with("latency_ms_p99", l.p99);
+            }
+            if let Some(e) = &r.first_error {
+                s = s.with("first_error", e.clone());
+            }
+            s
+        };
+        push(Scenario {
+            name: "exec_throughput",
+            unit: "execs/s",
+            better: Better::Higher,
+            ours: side_of(&ro, side),
+            baseline: side_of(&rb, side),
+            notes: vec![format!(
+                "{} sessions, each its own sandbox running `true` in a loop for {} s; \
+                 percentiles over 1-s windows (p90/p99 = the slow windows); *_mean = all execs / \
+                 elapsed; *_errors = failed execs",
+                plan.sessions,
+                plan.throughput.as_secs()
+            )],
+        });
+    }
+
+    if args.runs("density") {
+        // Baseline first here, ours first in the throughput scenario.
+        let r = each(&live, true, "density", |t| scenarios::density(t, plan)).await;
+        let [ro, rb] = by_side(errs, r);
+        let side = |d: &scenarios::Density| {
+            let first = d.create_ms.first().copied();
+            let last = d.create_ms.last().copied();
+            let k = d.create_ms.len().min(5);
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+            let first_k = mean(&d.create_ms[..k]);
+            let last_k = mean(&d.create_ms[d.create_ms.len() - k..]);
+            let mut s = Side::measured(Some(Dist {
+                n: d.n as u64,
+                ..Dist::single(d.mem_mb_per_sandbox)
+            }))
+            .with("sandboxes", d.n as u64)
+            .with("cgroup_mb_per_sandbox", d.cgroup_mb_per_sandbox)
+            .with("pss_mb_per_sandbox", d.pss_mb_per_sandbox)
+            .with("create_ms_first5_mean", first_k)
+            .with("create_ms_last5_mean", last_k)
+            .with(
+                "create_ratio_n_vs_1",
+                if first_k > 0.0 { last_k / first_k } else { 0.0 },
+            );
+            if let (Some(f), Some(l)) = (first, last) {
+                s = s.with("create_ms_at_1", f).with("create_ms_at_n", l);
+            }
+            if let Some(r) = d.daemon_rss_kb_per_sandbox {
+                s = s.with("daemon_rss_kb_per_sandbox", r);
+            }
+            if let Some(why) = &d.stopped_early {
+                s = s.with("stopped_early", why.clone());
+            }
+            s
+        };
+        push(Scenario {
+            name: "density",
+            unit: "MB/sandbox",
+            better: Better::Lower,
+            ours: side_of(&ro, side),
+            baseline: side_of(&rb, side),
+            notes: vec![format!(
+                "up to {} idle sandboxes created one after the other (each ready before the \
+                 next); value = MemAvailable drop / N (host-wide, so other load on the machine \
+                 shows up); *_pss_mb_per_sandbox = PSS of each sandbox's shim + sentry + gofer + \
+                 stubs, mean; *_cgroup_mb_per_sandbox = sandbox cgroup working set / N (sentry + \
+                 gofer, no shim); *_daemon_rss_kb_per_sandbox = computed VmRSS growth / N; \
+                 create latency = Create until READY (ours polls Describe every 5 ms) vs \
+                 start_task returning",
+                plan.density
+            )],
+        });
+        push(Scenario {
+            name: "density_pss",
+            unit: "MB/sandbox",
+            better: Better::Lower,
+            ours: side_of(&ro, |d| {
+                let daemon = d.daemon_rss_kb_per_sandbox.unwrap_or(0.0).max(0.0) * 1024.0 / 1e6;
+                Side::measured(Some(Dist {
+                    n: d.n as u64,
+                    ..Dist::single(d.pss_mb_per_sandbox + daemon)
+                }))
+            }),
+            baseline: side_of(&rb, |d| {
+                Side::measured(Some(Dist {
+                    n: d.n as u64,
+                    ..Dist::single(d.pss_mb_per_sandbox)
+                }))
+            }),
+            notes: vec![
+                "the density run's sandboxes: mean PSS of each one's host processes (shim, \
+                 runsc sandbox/sentry, gofer, ptrace stubs); ours adds the daemon's VmRSS growth / N. \
+                 Not disturbed by other load on the machine, unlike MemAvailable"
+                    .into(),
+            ],
+        });
+        let near_n = |d: &scenarios::Density| {
+            let k = d.create_ms.len().min(5);
+            Side::measured(Dist::of(
+                &d.create_ms[d.create_ms.len() - k..],
+                Better::Lower,
+            ))
+        };
+        push(Scenario {
+            name: "density_create_at_n",
+            unit: "ms",
+            better: Better::Lower,
+            ours: side_of(&ro, near_n),
+            baseline: side_of(&rb, near_n),
+            notes: vec![
+                "create latency (until READY / task started) of the last 5 sandboxes of the \
+                 density run, with N-1 idle ones already there; compare *_create_ms_first5_mean \
+                 of the density row"
+                    .into(),
+            ],
+        });
+    }
+    Ok(())
+}
+
+fn report(args: &Args, plan: &Plan, results: &[Scenario]) -> Result<()> {
+    let table = stats::text_table(results);
+    println!("\n{table}");
+    let json: Vec<Value> = results.iter().map(Scenario::to_json).collect();
+    std::fs::write(&args.out, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("write {}", args.out.display()))?;
+    let md_path = args.out.with_extension("md");
+    let mut md = format!(
+        "compute-bench {} run, {} UTC, {}\n\nplan: {} cold creates, {} exec round trips, {} file \
+         rounds, throughput {} sessions x {} s, density up to {}\n\n",
+        if args.quick { "--quick" } else { "full" },
+        chrono::Utc::now().format("%Y-%m-%d %H:%M"),
+        host::machine(),
+        plan.creates,
+        plan.execs,
+        plan.file_rounds,
+        plan.sessions,
+        plan.throughput.as_secs(),
+        plan.density,
+    );
+    md.push_str(&stats::markdown_table(results));
+    md.push('\n');
+    for s in results {
+        for (side, e) in [("ours", &s.ours.error), ("baseline", &s.baseline.error)] {
+            if let Some(e) = e {
+                md.push_str(&format!("* {} ({side}) failed: {e}\n", s.name));
+            }
+        }
+    }
+    std::fs::write(&md_path, md).with_context(|| format!("write {}", md_path.display()))?;
+    for s in results {
+        for (side, e) in [("ours", &s.ours.error), ("baseline", &s.baseline.error)] {
+            if let Some(e) = e {
+                eprintln!("compute-bench: {} ({side}) failed: {e}", s.name);
+            }
+        }
+    }
+    println!("wrote {} and {}", args.out.display(), md_path.display());
+    Ok(())
 }

@@ -1,0 +1,391 @@
+//! "ours": a real `computed node` started for the run (its own config, port, socket, containerd
+//! namespace and state directory), driven over gRPC exactly as an agent would.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use computed::api::compute::v1 as pb;
+use pb::compute_service_client::ComputeServiceClient;
+use tonic::transport::Channel;
+
+use crate::base::sweep_namespace;
+use crate::host;
+use crate::target::{ExecOutcome, Target, IMAGE};
+
+type Client = ComputeServiceClient<Channel>;
+
+/// Environment variables that would override the daemon's config file.
+const CONFIG_ENV: &[&str] = &[
+    "COMPUTE_CONFIG",
+    "COMPUTE_LISTEN",
+    "COMPUTE_SOCKET",
+    "COMPUTE_METRICS_LISTEN",
+    "COMPUTE_STATE_DIR",
+    "COMPUTE_RUN_DIR",
+    "COMPUTE_NAMESPACE",
+    "COMPUTE_NODE_NAME",
+    "COMPUTE_DRAINING",
+    "SANDBOX_IMAGE",
+    "PVC_STORAGE_CLASS",
+    "PVC_WORKSPACE_SIZE",
+];
+
+/// The daemon side.
+pub struct Ours {
+    computed: PathBuf,
+    image_tar: PathBuf,
+    containerd: PathBuf,
+    dir: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    addr: String,
+    namespace: String,
+    storage_class: String,
+    child: Mutex<Option<tokio::process::Child>>,
+    pid: OnceLock<u32>,
+    client: OnceLock<Client>,
+    live: Mutex<BTreeSet<String>>,
+}
+
+impl Ours {
+    /// Prepares the daemon's directory and config (nothing runs yet).
+    pub fn new(
+        computed: &Path,
+        image_tar: &Path,
+        containerd: &Path,
+        runsc: &Path,
+        dir: PathBuf,
+        storage_class: &str,
+    ) -> Result<Ours> {
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let namespace = format!("bench-ours-{}", std::process::id());
+        let addr = format!("127.0.0.1:{}", host::free_port()?);
+        let config = dir.join("config.toml");
+        let toml = format!(
+            "listen = {addr:?}\nsocket = {socket:?}\nmetrics_listen = \"\"\n\
+             containerd_socket = {containerd:?}\nnamespace = {namespace:?}\n\
+             state_dir = {state:?}\nrun_dir = {run:?}\nruntime = \"auto\"\n\
+             runsc_path = {runsc:?}\nsandbox_image = {IMAGE:?}\ngc_interval_secs = 0\n",
+            socket = dir.join("compute.sock"),
+            state = dir.join("state"),
+            run = dir.join("run"),
+        );
+        std::fs::write(&config, toml).with_context(|| format!("write {}", config.display()))?;
+        Ok(Ours {
+            computed: computed.to_path_buf(),
+            image_tar: image_tar.to_path_buf(),
+            containerd: containerd.to_path_buf(),
+            log: dir.join("computed.log"),
+            dir,
+            config,
+            addr,
+            namespace,
+            storage_class: storage_class.to_string(),
+            child: Mutex::new(None),
+            pid: OnceLock::new(),
+            client: OnceLock::new(),
+            live: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    /// The daemon's log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Imports the image into the daemon's namespace, starts the daemon and connects to it.
+    pub async fn start(&self) -> Result<()> {
+        let out = tokio::process::Command::new(&self.computed)
+            .arg("--config")
+            .arg(&self.config)
+            .args(["image", "import"])
+            .arg(&self.image_tar)
+            .args(["--name", IMAGE])
+            .env_remove("COMPUTE_CONFIG")
+            .output()
+            .await
+            .with_context(|| format!("run {}", self.computed.display()))?;
+        if !out.status.success() {
+            bail!(
+                "computed image import failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let logf = std::fs::File::create(&self.log)?;
+        let mut cmd = tokio::process::Command::new(&self.computed);
+        cmd.arg("--config")
+            .arg(&self.config)
+            .arg("node")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .kill_on_drop(true);
+        for k in CONFIG_ENV {
+            cmd.env_remove(k);
+        }
+        let child = cmd.spawn().context("start computed node")?;
+        let _ = self.pid.set(child.id().unwrap_or(0));
+        *self.child.lock().unwrap() = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("computed node exited ({status}): {}", self.log_tail());
+            }
+            if tokio::net::TcpStream::connect(&self.addr).await.is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("computed node did not listen in 30 s: {}", self.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ch = Channel::from_shared(format!("http://{}", self.addr))?
+            .connect()
+            .await?;
+        let client = ComputeServiceClient::new(ch)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let _ = self.client.set(client);
+        Ok(())
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    fn client(&self) -> Result<Client> {
+        self.client
+            .get()
+            .cloned()
+            .context("the daemon is not running")
+    }
+
+    fn create_req(&self) -> pb::CreateSandboxRequest {
+        pb::CreateSandboxRequest {
+            tenant_id: "bench".into(),
+            session_id: uuid::Uuid::new_v4().to_string(),
+            workspace: (!self.storage_class.is_empty()).then(|| pb::WorkspaceSpec {
+                storage_class: self.storage_class.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn create(&self, c: &mut Client) -> Result<String> {
+        let id = c
+            .create_sandbox(self.create_req())
+            .await
+            .context("CreateSandbox")?
+            .into_inner()
+            .sandbox_id;
+        self.live.lock().unwrap().insert(id.clone());
+        Ok(id)
+    }
+
+    async fn run_exec(
+        &self,
+        c: &mut Client,
+        id: &str,
+        argv: &[&str],
+        t0: Instant,
+    ) -> Result<ExecOutcome> {
+        let req = pb::ExecCommandRequest {
+            sandbox_id: id.into(),
+            command: argv[0].into(),
+            args: argv[1..].iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let mut stream = c
+            .exec_command(req)
+            .await
+            .context("ExecCommand")?
+            .into_inner();
+        let mut out = ExecOutcome::default();
+        let mut completed = false;
+        while let Some(ev) = stream.message().await.context("ExecCommand stream")? {
+            match ev.event {
+                Some(pb::exec_event::Event::Stdout(s)) => {
+                    if out.first_stdout.is_none() && !s.data.is_empty() {
+                        out.first_stdout = Some(t0.elapsed());
+                    }
+                    out.stdout.extend(s.data);
+                }
+                Some(pb::exec_event::Event::Stderr(s)) => out.stderr.extend(s.data),
+                Some(pb::exec_event::Event::Completed(c)) => {
+                    out.exit_code = c.exit_code;
+                    completed = true;
+                }
+                None => {}
+            }
+        }
+        out.total = t0.elapsed();
+        if !completed {
+            bail!("exec stream ended without a completed event");
+        }
+        Ok(out)
+    }
+
+    async fn stop_daemon(&self) {
+        let child = self.child.lock().unwrap().take();
+        let Some(mut child) = child else { return };
+        if let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+impl Target for Ours {
+    fn name(&self) -> &'static str {
+        "ours"
+    }
+
+    async fn create_first_output(&self) -> Result<(String, Duration)> {
+        let mut c = self.client()?;
+        let t0 = Instant::now();
+        let id = self.create(&mut c).await?;
+        let out = self
+            .run_exec(&mut c, &id, &["echo", "hi"], t0)
+            .await?
+            .check(Some(b"hi\n"))?;
+        let first = out.first_stdout.context("no stdout")?;
+        Ok((id, first))
+    }
+
+    async fn create_ready(&self) -> Result<(String, Duration)> {
+        let mut c = self.client()?;
+        let t0 = Instant::now();
+        let id = self.create(&mut c).await?;
+        loop {
+            let d = c
+                .describe_sandbox(pb::DescribeSandboxRequest {
+                    sandbox_id: id.clone(),
+                })
+                .await
+                .context("DescribeSandbox")?
+                .into_inner();
+            match pb::SandboxStatus::try_from(d.status) {
+                Ok(pb::SandboxStatus::Ready) => return Ok((id, t0.elapsed())),
+                Ok(pb::SandboxStatus::Starting) => {}
+                other => bail!("sandbox {id} is {other:?}: {}", d.failure_reason),
+            }
+            if t0.elapsed() > Duration::from_secs(60) {
+                bail!("sandbox {id} not READY after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn exec(&self, id: &str, argv: &[&str]) -> Result<ExecOutcome> {
+        let mut c = self.client()?;
+        self.run_exec(&mut c, id, argv, Instant::now()).await
+    }
+
+    async fn write_read(&self, id: &str, data: &[u8]) -> Result<(Duration, Duration)> {
+        let mut c = self.client()?;
+        let t0 = Instant::now();
+        let w = c
+            .write_file(pb::WriteFileRequest {
+                sandbox_id: id.into(),
+                path: "bench/data.bin".into(),
+                data: data.to_vec(),
+                ..Default::default()
+            })
+            .await
+            .context("WriteFile")?
+            .into_inner();
+        let write = t0.elapsed();
+        if w.bytes_written != data.len() as i64 {
+            bail!(
+                "WriteFile wrote {} of {} bytes",
+                w.bytes_written,
+                data.len()
+            );
+        }
+        let t1 = Instant::now();
+        let r = c
+            .read_file(pb::ReadFileRequest {
+                sandbox_id: id.into(),
+                path: "bench/data.bin".into(),
+                ..Default::default()
+            })
+            .await
+            .context("ReadFile")?
+            .into_inner();
+        let read = t1.elapsed();
+        if r.data.len() != data.len() || r.data != data {
+            bail!(
+                "ReadFile returned {} bytes, not the {} written",
+                r.data.len(),
+                data.len()
+            );
+        }
+        Ok((write, read))
+    }
+
+    async fn destroy(&self, id: &str) -> Result<Duration> {
+        let mut c = self.client()?;
+        let t0 = Instant::now();
+        c.destroy_sandbox(pb::DestroySandboxRequest {
+            sandbox_id: id.into(),
+        })
+        .await
+        .context("DestroySandbox")?;
+        let d = t0.elapsed();
+        self.live.lock().unwrap().remove(id);
+        Ok(d)
+    }
+
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn daemon_pid(&self) -> Option<u32> {
+        self.pid.get().copied().filter(|p| *p != 0)
+    }
+
+    async fn cleanup(&self) {
+        // Through the daemon first, so that it unmounts and releases what it made.
+        let live: Vec<String> = self.live.lock().unwrap().iter().cloned().collect();
+        if self.child.lock().unwrap().is_some() {
+            for id in live {
+                let _ = tokio::time::timeout(Duration::from_secs(30), self.destroy(&id)).await;
+            }
+        }
+        self.stop_daemon().await;
+        // Then whatever is left in its namespace and state directory.
+        sweep_namespace(&self.containerd, &self.namespace).await;
+        let ws = self.dir.join("state").join("workspaces");
+        if let Ok(rd) = std::fs::read_dir(&ws) {
+            for e in rd.flatten() {
+                let paths = computed::workspace::Paths::new(&self.dir.join("state"), {
+                    &e.file_name().to_string_lossy()
+                });
+                let _ = computed::volume::detach(&paths);
+            }
+        }
+        host::drop_namespace(&self.containerd, &self.namespace).await;
+    }
+}
