@@ -251,8 +251,7 @@ pub struct Runtime {
 impl Runtime {
     /// Records a sandbox's container in containerd (no snapshot, no task yet).
     pub async fn create_container(&self, l: SandboxLaunch<'_>) -> Result<()> {
-        match self
-            .ctr
+        self.ctr
             .create_container(
                 l.id,
                 l.image,
@@ -261,15 +260,12 @@ impl Runtime {
                 Some(self.choice.options.clone()),
                 l.spec,
             )
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+            .await?;
+        Ok(())
     }
 
-    /// Replaces the OCI spec of an existing container (the image is resolved after the record
-    /// is made).
+    /// Prepares the sandbox's rootfs snapshot on top of the image (`chain_id`), then creates and
+    /// starts its task with the given stdio FIFOs (stdin, stdout, stderr; empty = none).
     pub async fn start_task(&self, id: &str, chain_id: &str, stdio: [&str; 3]) -> Result<()> {
         // A retry after a crash finds the snapshot already prepared: reuse its mounts.
         let mounts = match self.ctr.prepare_snapshot(id, chain_id, None).await {
