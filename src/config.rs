@@ -125,11 +125,13 @@ pub struct Config {
     pub admin_tcp: bool,
     /// Group that owns the unix socket (mode 0660); empty keeps root's group.
     pub socket_group: String,
-    /// Run the in-sandbox agent as every sandbox's init and send execs through it (fast path);
-    /// execs fall back to containerd exec while it is not attached.
+    /// Run the in-sandbox agent as every sandbox's init and send execs through it (fast path,
+    /// on by default; `COMPUTE_AGENT`); execs fall back to containerd exec while it is not
+    /// attached, and every exec does when this is off or the binary is missing.
     pub agent: bool,
-    /// The sandbox-agent binary (static for images without glibc); empty: `sandbox-agent`
-    /// next to this executable.
+    /// The sandbox-agent binary, statically linked (`scripts/build-agent`) so that it runs in
+    /// images of any libc; empty: `sandbox-agent` next to this executable
+    /// (`COMPUTE_AGENT_BINARY`).
     pub agent_binary: PathBuf,
     /// Most concurrent execs the agent runs per sandbox.
     pub agent_capacity: u32,
@@ -193,7 +195,7 @@ impl Default for Config {
             init_helper: "/bin/busybox".into(),
             pull_missing: true,
             insecure_registries: vec![],
-            agent: false,
+            agent: true,
             agent_binary: PathBuf::new(),
             agent_capacity: 64,
             worker_heartbeat_timeout_ms: 10_000,
@@ -268,6 +270,12 @@ impl Config {
         }
         if let Some(v) = nonempty("PVC_WORKSPACE_SIZE") {
             self.workspace_size = v;
+        }
+        if let Some(v) = nonempty("COMPUTE_AGENT") {
+            self.agent = matches!(v.as_str(), "1" | "true" | "yes");
+        }
+        if let Some(v) = nonempty("COMPUTE_AGENT_BINARY") {
+            self.agent_binary = v.into();
         }
     }
 

@@ -326,7 +326,7 @@ async fn three_nodes_two_routers() {
     // The sandbox.v1 relay through the routers: a worker attaches through one replica, a
     // harness runs a command through the other.
     let ext = format!("ext-{}", uuid::Uuid::new_v4().simple());
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+    let mut worker = Command::new(common::agent_binary())
         .args([
             "--relay",
             &r1.addr,

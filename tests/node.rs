@@ -518,7 +518,21 @@ async fn timeout_kills_the_exec() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cancellation_sends_sigterm_then_sigkill() {
     need!();
-    let d = start("cancel", "cancel_grace_secs = 2");
+    cancellation(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancellation_through_the_agent_sends_sigterm_then_sigkill() {
+    need!();
+    cancellation(true).await;
+}
+
+/// Through containerd exec (`agent = false`) or the in-sandbox agent.
+async fn cancellation(agent: bool) {
+    let d = start(
+        if agent { "cancel-agent" } else { "cancel" },
+        &format!("cancel_grace_secs = 2\nagent = {agent}"),
+    );
     let mut c = d.client().await;
     let id = ready_sandbox(&mut c, create_req("t", "cancel")).await;
 
@@ -577,7 +591,12 @@ async fn cancellation_sends_sigterm_then_sigkill() {
         log.contains("exec cancelled by client"),
         "cancel recorded in the log"
     );
-    assert!(log.contains("SIGKILL"), "SIGKILL after the grace period");
+    if agent {
+        // The agent escalates to SIGKILL itself after the grace period (asserted above).
+        assert!(log.contains("SIGTERM (agent)"), "{log}");
+    } else {
+        assert!(log.contains("SIGKILL"), "SIGKILL after the grace period");
+    }
     assert!(log.contains("cancelled=true") && log.contains("exit_code=-1"));
 }
 

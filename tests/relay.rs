@@ -22,7 +22,7 @@ impl Drop for Agent {
 }
 
 fn agent(d: &Daemon, sandbox: &str, extra: &[&str]) -> Agent {
-    let child = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+    let child = Command::new(common::agent_binary())
         .args([
             "--relay",
             &d.addr,

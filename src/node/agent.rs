@@ -26,38 +26,19 @@ use crate::relay::frame;
 
 type Result<T> = std::result::Result<T, Error>;
 
-fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
-fn is_identifier(k: &str) -> bool {
-    !k.is_empty()
-        && !k.starts_with(|c: char| c.is_ascii_digit())
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// The shell command the agent runs for an ExecCommand: exports, cd, then `exec` of the argv,
-/// every word quoted. None when an env name cannot be exported by a shell.
+/// The command the agent runs for an ExecCommand: the quoted form it runs without a shell
+/// (`sandbox_agent::command`). None when an env name cannot be exported by a shell.
 pub fn shell_command(req: &ExecRequest, cwd: &str) -> Option<String> {
-    let mut s = String::from("export HOME=\"${HOME:-/root}\"; ");
-    let mut keys: Vec<&String> = req.env.keys().collect();
-    keys.sort();
-    for k in keys {
-        if !is_identifier(k) {
-            return None;
-        }
-        s.push_str(&format!("export {k}={}; ", quote(&req.env[k])));
-    }
-    s.push_str(&format!(
-        "cd {} && exec {}",
-        quote(cwd),
-        quote(&req.command)
-    ));
-    for a in &req.args {
-        s.push(' ');
-        s.push_str(&quote(a));
-    }
-    Some(s)
+    let mut env: Vec<(String, String)> = req
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.sort();
+    let mut argv = Vec::with_capacity(1 + req.args.len());
+    argv.push(req.command.clone());
+    argv.extend(req.args.iter().cloned());
+    sandbox_agent::command::render(&env, cwd, &argv)
 }
 
 impl Node {
@@ -400,6 +381,10 @@ mod tests {
         assert!(s.contains("export A_B='x'\\''y';"));
         assert!(s.contains("cd '/work space' && exec 'python3' '-c'"));
         assert!(s.ends_with("'$HOME; rm -rf /'"));
+        // The agent runs it without a shell.
+        let d = sandbox_agent::command::parse(&s).unwrap();
+        assert_eq!(d.argv[3], "$HOME; rm -rf /");
+        assert_eq!(d.env, vec![("A_B".to_string(), "x'y".to_string())]);
         let bad = ExecRequest {
             env: [("A-B".to_string(), "1".to_string())].into_iter().collect(),
             ..req

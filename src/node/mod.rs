@@ -324,6 +324,17 @@ fn install_helpers(cfg: &Config) -> Option<PathBuf> {
             cfg.agent_binary.clone()
         };
         let dst = dir.join("sandbox-agent");
+        match std::fs::read(&src) {
+            Err(e) => {
+                warn!(error = %e, src = %src.display(), "no sandbox-agent; execs use containerd exec")
+            }
+            Ok(bin) if elf_interpreter(&bin) => warn!(
+                src = %src.display(),
+                "sandbox-agent is dynamically linked: it runs only in images with a compatible glibc \
+                 (build it with scripts/build-agent)"
+            ),
+            Ok(_) => {}
+        }
         if std::fs::read(&dst).ok() != std::fs::read(&src).ok() {
             let tmp = dir.join("sandbox-agent.tmp");
             if let Err(e) = std::fs::copy(&src, &tmp).and_then(|_| std::fs::rename(&tmp, &dst)) {
@@ -332,6 +343,28 @@ fn install_helpers(cfg: &Config) -> Option<PathBuf> {
         }
     }
     Some(dir)
+}
+
+/// Whether an ELF64 executable names a program interpreter (is dynamically linked).
+fn elf_interpreter(bin: &[u8]) -> bool {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |o: usize| bin.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u32_at = |o: usize| {
+        bin.get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |o: usize| {
+        bin.get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    if !bin.starts_with(b"\x7fELF\x02\x01") {
+        return false;
+    }
+    let (Some(phoff), Some(size), Some(num)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
+        return false;
+    };
+    (0..usize::from(num)).any(|i| u32_at(phoff as usize + i * usize::from(size)) == Some(PT_INTERP))
 }
 
 /// Validates a mount path: absolute and clean.
@@ -1151,6 +1184,19 @@ impl Node {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn dynamic_executables_are_told_apart() {
+        // This test binary is dynamically linked; the static agent is checked by scripts/build-agent
+        // and tests/agent.rs.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(elf_interpreter(&me));
+        assert!(!elf_interpreter(b"#!/bin/sh\n"));
+        let mut fake = me[..64].to_vec();
+        fake[0x38] = 0; // no program headers
+        fake[0x39] = 0;
+        assert!(!elf_interpreter(&fake));
+    }
 
     #[test]
     fn mount_paths() {

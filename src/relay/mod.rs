@@ -17,7 +17,7 @@
 //!   UNAVAILABLE. Abort of an unknown req_id is a no-op. A harness that goes away aborts its
 //!   exec on the worker.
 
-pub mod frame;
+pub use sandbox_agent::frame;
 pub mod service;
 
 use std::collections::HashMap;

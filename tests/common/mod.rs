@@ -33,6 +33,18 @@ pub fn image_tar() -> PathBuf {
         })
 }
 
+/// The statically linked in-sandbox agent built by `scripts/build-agent`.
+pub fn agent_binary() -> PathBuf {
+    std::env::var_os("COMPUTE_AGENT_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+            target.join("x86_64-unknown-linux-gnu/release/sandbox-agent")
+        })
+}
+
 /// The image name the harness imports.
 pub const IMAGE: &str = "compute.local/sandbox-python:latest";
 
@@ -55,6 +67,12 @@ pub fn prerequisites() -> bool {
         missing.push(format!(
             "image tarball {} (run scripts/build-image)",
             image_tar().display()
+        ));
+    }
+    if !agent_binary().exists() {
+        missing.push(format!(
+            "static sandbox-agent {} (run scripts/build-agent)",
+            agent_binary().display()
         ));
     }
     if missing.is_empty() {
@@ -118,8 +136,13 @@ pub fn start(name: &str, extra_config: &str) -> Daemon {
     let config = dir.path().join("config.toml");
     let toml = format!(
         "listen = {addr:?}\nmetrics_listen = {metrics:?}\nsocket = {socket:?}\ncontainerd_socket = {ctr:?}\nnamespace = {namespace:?}\n\
-         state_dir = {state:?}\nrun_dir = {run:?}\nsandbox_image = {IMAGE:?}\n{extra_config}\n",
+         state_dir = {state:?}\nrun_dir = {run:?}\nsandbox_image = {IMAGE:?}\n{agent}{extra_config}\n",
         ctr = containerd_socket(),
+        agent = if extra_config.contains("agent_binary") {
+            String::new()
+        } else {
+            format!("agent_binary = {:?}\n", agent_binary())
+        },
         state = dir.path().join("state"),
         run = dir.path().join("run"),
     );

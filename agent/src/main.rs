@@ -2,7 +2,8 @@
 //! `host:port` or `unix:/path`) or speaks the worker protocol over its own stdin/stdout
 //! (`--stdio`, framed, see `computed::relay::frame`), says Hello, heartbeats, and runs the
 //! commands it is sent: each through `/bin/sh -c` (or the node's static busybox when the image
-//! has no shell) in its own process group, with stdin, separate stdout and stderr, a timeout,
+//! has no shell) in its own process group, or without a shell when the command is the node
+//! daemon's quoted form (see `sandbox_agent::command`), with stdin, separate stdout and stderr, a timeout,
 //! and Abort (SIGTERM to the whole group, SIGKILL after the grace period, or at once on a
 //! second Abort). With `--init` it is the sandbox's PID 1: it runs the worker as its child and
 //! reaps every orphan.
@@ -13,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use computed::api::sandbox::v1 as pb;
 use pb::sandbox_worker_client::SandboxWorkerClient;
 use pb::server_frame::Msg as ServerMsg;
 use pb::worker_frame::Msg as WorkerMsg;
+use sandbox_agent::{command, frame, pb};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
@@ -135,26 +136,96 @@ async fn pump(
     }
 }
 
-async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>, grace: Duration) {
-    let req_id = e.req_id;
-    let shell = if std::path::Path::new("/bin/sh").exists() {
+/// How an exec is started: the daemon's quoted form directly, anything else with a shell.
+fn command_for(e: &pb::Exec) -> Result<tokio::process::Command, (String, i32)> {
+    if let Some(d) = command::parse(&e.command) {
+        if let Some(dir) = &d.cwd {
+            if !std::path::Path::new(dir).is_dir() {
+                return Err((format!("sh: cd: can't cd to {dir}\n"), 2));
+            }
+        }
+        let mut cmd = tokio::process::Command::new(&d.argv[0]);
+        cmd.args(&d.argv[1..])
+            .envs(d.env.iter().map(|(k, v)| (k, v)));
+        if let Some(dir) = &d.cwd {
+            cmd.current_dir(dir);
+        }
+        return Ok(cmd);
+    }
+    Ok(shell(&e.command))
+}
+
+fn shell(script: &str) -> tokio::process::Command {
+    let sh = if std::path::Path::new("/bin/sh").exists() {
         "/bin/sh"
     } else {
         "/.compute/busybox"
     };
-    let mut cmd = tokio::process::Command::new(shell);
-    if shell != "/bin/sh" {
+    let mut cmd = tokio::process::Command::new(sh);
+    if sh != "/bin/sh" {
         cmd.arg("sh");
     }
-    cmd.arg("-c")
-        .arg(&e.command)
-        .stdin(Stdio::piped())
+    cmd.arg("-c").arg(script);
+    cmd
+}
+
+async fn fail(out: &Out, req_id: u64, stderr: String, code: i32) {
+    let _ = out
+        .send(frame(WorkerMsg::Chunk(pb::Chunk {
+            req_id,
+            data: stderr.into_bytes(),
+            stream: pb::Stream::Stderr as i32,
+        })))
+        .await;
+    let _ = out
+        .send(frame(WorkerMsg::End(pb::End {
+            req_id,
+            exit_code: code,
+        })))
+        .await;
+}
+
+async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>, grace: Duration) {
+    let req_id = e.req_id;
+    let mut cmd = match command_for(&e) {
+        Ok(c) => c,
+        Err((msg, code)) => return fail(&out, req_id, msg, code).await,
+    };
+    let stdin = if e.stdin.is_empty() {
+        Stdio::null()
+    } else {
+        Stdio::piped()
+    };
+    cmd.stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
+        // What a shell would say and return for a program it cannot run.
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            let name = command::parse(&e.command)
+                .map(|d| d.argv[0].clone())
+                .unwrap_or_default();
+            return fail(&out, req_id, format!("sh: exec: {name}: not found\n"), 127).await;
+        }
+        Err(err) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
+            // A script without `#!`: a shell runs it as a shell script.
+            let mut sh = shell(&e.command);
+            sh.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            match sh.spawn() {
+                Ok(c) => c,
+                Err(err) => return fail(&out, req_id, format!("sh: {err}\n"), 126).await,
+            }
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+            return fail(&out, req_id, format!("sh: exec: {err}\n"), 126).await;
+        }
         Err(err) => {
             let _ = out
                 .send(frame(WorkerMsg::Error(pb::ExecError {
@@ -239,7 +310,6 @@ fn stdio_transport(
     mut out: mpsc::Receiver<pb::WorkerFrame>,
     inbound: mpsc::Sender<pb::ServerFrame>,
 ) {
-    use computed::relay::frame;
     tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
         while let Some(f) = out.recv().await {
@@ -381,6 +451,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Commands run as a login shell would have them: HOME set even if the image sets none.
+    if std::env::var_os("HOME").is_none() {
+        std::env::set_var("HOME", "/root");
+    }
     let args = Args::parse();
     if args.init {
         return init();

@@ -83,7 +83,7 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::sandbox::v1 as pb;
+    use crate::pb;
 
     fn hb() -> pb::WorkerFrame {
         pb::WorkerFrame {
