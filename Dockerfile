@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# The compute image: `computed` (node daemon, router, installer) and `computectl`, with gVisor's
+# The compute image: `computed` (node daemon, router, installer), `computectl` and the static
+# in-sandbox agent `sandbox-agent` (found next to `computed`), with gVisor's
 # `runsc` and `containerd-shim-runsc-v1`, which the node DaemonSet's init container
 # (`computed install`) copies onto each gVisor node.
 #
@@ -34,13 +35,17 @@ COPY proto proto
 COPY src src
 # Cargo.toml's [[bin]] targets outside src/ (tests/manifests.rs checks that each is copied).
 COPY bench bench
+# The agent crate (a workspace member) and its static build script.
+COPY agent agent
+COPY scripts/build-agent scripts/build-agent
 # The target dir is a cache mount (kept between builds, not in the layer): copy the binaries out.
-# The in-sandbox agent (a later issue) joins the list: target/release/sandbox-agent.
+# The agent is linked statically (glibc, crt-static) so that it runs in images of any libc.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
     && mkdir -p /out \
-    && cp target/release/computed target/release/computectl /out/
+    && cp target/release/computed target/release/computectl /out/ \
+    && cp "$(scripts/build-agent)" /out/sandbox-agent
 
 # ---- fetch and verify gVisor ----
 FROM debian:bookworm-slim AS gvisor
@@ -80,7 +85,7 @@ RUN apt-get update \
        util-linux mount e2fsprogs busybox-static ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/computed /out/computectl /usr/local/bin/
-# COPY --from=build /out/sandbox-agent /usr/local/bin/
+COPY --from=build /out/sandbox-agent /usr/local/bin/
 COPY --from=gvisor /gvisor/runsc /gvisor/containerd-shim-runsc-v1 /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/computed"]
 CMD ["node"]

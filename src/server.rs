@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tracing::{info, warn};
 
@@ -152,7 +152,7 @@ pub async fn serve(
         let r = tcp_router;
         let rx = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
-            r.serve_with_incoming_shutdown(TcpListenerStream::new(l), stopped(rx))
+            r.serve_with_incoming_shutdown(tcp_incoming(l), stopped(rx))
                 .await
         }));
     }
@@ -224,4 +224,11 @@ fn bind_unix(path: &Path, group: &str) -> Result<tokio::net::UnixListener, Error
         std::os::unix::fs::chown(path, None, Some(gid)).map_err(err)?;
     }
     Ok(l)
+}
+
+/// Accepted connections with `TCP_NODELAY`: an exec's stream ends with small frames (the last
+/// event, then trailers) that Nagle's algorithm would hold for the client's delayed ACK
+/// (~40 ms here).
+pub fn tcp_incoming(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true))
 }

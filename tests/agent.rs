@@ -172,3 +172,138 @@ async fn execs_go_through_the_agent_with_every_semantic() {
         processes_mentioning(&id)
     );
 }
+
+/// Writes an OCI image layout tarball whose only layer holds `/hello.txt`: no shell, no libc,
+/// no loader. Returns its path.
+fn image_without_libc(dir: &std::path::Path) -> std::path::PathBuf {
+    use sha2::{Digest, Sha256};
+    fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_mtime(0);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+    let sha = |b: &[u8]| format!("sha256:{}", hex::encode(Sha256::digest(b)));
+    let layer = tar_of(&[("hello.txt", b"no libc here\n")]);
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": sha(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": sha(&layer), "size": layer.len()}],
+    }))
+    .unwrap();
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "digest": sha(&manifest), "size": manifest.len(),
+                       "annotations": {"org.opencontainers.image.ref.name": "compute.local/no-libc:1"}}],
+    }))
+    .unwrap();
+    let blob = |b: &[u8]| format!("blobs/sha256/{}", &sha(b)[7..]);
+    let (lp, cp, mp) = (blob(&layer), blob(&config), blob(&manifest));
+    let out = tar_of(&[
+        ("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#),
+        ("index.json", &index),
+        (&lp, &layer),
+        (&cp, &config),
+        (&mp, &manifest),
+    ]);
+    let path = dir.join("no-libc.tar");
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_static_agent_serves_an_image_without_libc() {
+    need!();
+    // The agent the harness installs is statically linked (no program interpreter).
+    let readelf = std::process::Command::new("readelf")
+        .arg("-l")
+        .arg(agent_binary())
+        .output()
+        .unwrap();
+    assert!(readelf.status.success());
+    assert!(
+        !String::from_utf8_lossy(&readelf.stdout).contains("INTERP"),
+        "sandbox-agent is dynamically linked"
+    );
+
+    let d = start("agent-nolibc", "");
+    let tar = image_without_libc(d.dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_computed"))
+        .arg("--config")
+        .arg(&d.config)
+        .args(["image", "import"])
+        .arg(&tar)
+        .args(["--name", "compute.local/no-libc:1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut c = d.client().await;
+    let mut req = create_req("t", "nolibc");
+    req.image = "compute.local/no-libc:1".into();
+    let id = ready_sandbox(&mut c, req).await;
+    wait_agent(&d).await;
+    // No shell in the image: the agent runs the argv itself.
+    let o = exec(
+        &mut c,
+        exec_req(&id, "/.compute/busybox", &["cat", "/hello.txt"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(o.out(), "no libc here\n");
+    let o = exec(&mut c, exec_req(&id, "/.compute/busybox", &["ls", "/"]))
+        .await
+        .unwrap();
+    for libdir in ["lib\n", "lib64\n", "usr\n", "bin\n"] {
+        assert!(!o.out().contains(libdir), "{}", o.out());
+    }
+    assert!(d.log_text().contains("exec completed (agent)"));
+    // A missing program is 127, as from a shell.
+    let o = exec(&mut c, exec_req(&id, "python3", &[])).await.unwrap();
+    assert_eq!(o.code(), 127);
+    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_an_agent_execs_go_through_containerd() {
+    need!();
+    let d = start(
+        "agent-missing",
+        "agent_binary = \"/nonexistent/sandbox-agent\"",
+    );
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "noagent")).await;
+    let mut r = exec_req(&id, "sh", &["-c", "echo $FOO; pwd; exit 3"]);
+    r.env.insert("FOO".into(), "bar".into());
+    r.working_dir = "/tmp".into();
+    let o = exec(&mut c, r).await.unwrap();
+    assert_eq!(o.out(), "bar\n/tmp\n");
+    assert_eq!(o.code(), 3);
+    let log = d.log_text();
+    assert!(log.contains("no sandbox-agent"), "{log}");
+    assert!(!log.contains("exec completed (agent)"));
+    assert!(log.contains("exec completed"));
+    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
+        .await
+        .unwrap();
+}

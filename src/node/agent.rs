@@ -270,7 +270,9 @@ impl Node {
         debug!(sandbox_id = %sb.id, req_id, "exec via agent");
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        let mut ticker = tokio::time::interval(Duration::from_millis(cfg.sample_interval_ms));
+        // The first memory sample after one period: a short exec pays for none.
+        let period = Duration::from_millis(cfg.sample_interval_ms.max(1));
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let limit = sb.limits.memory_bytes;
         let (mut cancelled, mut timed_out, mut oom) = (false, false, false);

@@ -192,7 +192,7 @@ pub async fn serve(
         )
         .add_service(crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay))
         .add_service(svc)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), shutdown)
+        .serve_with_incoming_shutdown(crate::server::tcp_incoming(l), shutdown)
         .await?;
     Ok(())
 }
