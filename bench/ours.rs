@@ -151,6 +151,9 @@ impl Ours {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let ch = Channel::from_shared(format!("http://{}", self.addr))?
+            .tcp_nodelay(true)
+            .initial_stream_window_size(computed::server::WINDOW)
+            .initial_connection_window_size(2 * computed::server::WINDOW)
             .connect()
             .await?;
         let client = ComputeServiceClient::new(ch)

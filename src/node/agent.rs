@@ -132,7 +132,7 @@ impl Node {
         };
         let mut worker = None;
         let mut attach = Some(|h: pb::Hello| {
-            let (w, mut rx) = relay.attach(h);
+            let (w, mut rx) = relay.attach_in_sandbox(h);
             // Frames for the agent: encode and write; a write error ends the link.
             tokio::spawn(async move {
                 while let Some(Ok(f)) = rx.recv().await {

@@ -721,8 +721,9 @@ impl Node {
                 cfg.agent_capacity.to_string(),
                 "--grace".into(),
                 cfg.cancel_grace_secs.to_string(),
+                // Liveness is the sandbox's own state (no heartbeat deadline): a rare beat.
                 "--heartbeat".into(),
-                "2".into(),
+                "60".into(),
             ]
         } else if self.inner.helpers_dir.is_some() {
             vec![

@@ -68,6 +68,9 @@ pub struct Worker {
     tx: mpsc::Sender<Result<pb::ServerFrame, Status>>,
     inflight: Mutex<HashMap<u64, Inflight>>,
     last_seen: Mutex<Instant>,
+    /// Dropped when silent for `heartbeat_timeout`. Not the in-sandbox agents: the sandbox's
+    /// own state tells whether they live, and 50 sandboxes' heartbeats would cost CPU.
+    watched: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -138,7 +141,7 @@ impl Relay {
         let timeout = self.inner.settings.heartbeat_timeout;
         let dead: Vec<Arc<Worker>> = lock(&self.inner.workers)
             .values()
-            .filter(|w| lock(&w.last_seen).elapsed() > timeout)
+            .filter(|w| w.watched && lock(&w.last_seen).elapsed() > timeout)
             .cloned()
             .collect();
         for w in dead {
@@ -163,6 +166,23 @@ impl Relay {
         &self,
         hello: pb::Hello,
     ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
+        self.attach_with(hello, true)
+    }
+
+    /// `attach` for a sandbox's own agent, whose link ends with the sandbox: no heartbeat
+    /// deadline.
+    pub fn attach_in_sandbox(
+        &self,
+        hello: pb::Hello,
+    ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
+        self.attach_with(hello, false)
+    }
+
+    fn attach_with(
+        &self,
+        hello: pb::Hello,
+        watched: bool,
+    ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
         let (tx, rx) = mpsc::channel(256);
         let w = Arc::new(Worker {
             id: self
@@ -173,6 +193,7 @@ impl Relay {
             tx,
             inflight: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(Instant::now()),
+            watched,
         });
         let old = lock(&self.inner.workers).insert(w.hello.sandbox_id.clone(), w.clone());
         if let Some(old) = old {

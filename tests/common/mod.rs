@@ -189,6 +189,9 @@ impl Daemon {
             .arg(&self.config)
             .arg("node")
             .env("RUST_LOG", "info,computed=debug")
+            // The config file written above is the whole configuration.
+            .env_remove("COMPUTE_AGENT_BINARY")
+            .env_remove("COMPUTE_AGENT")
             .stdout(Stdio::null())
             .stderr(logf)
             .spawn()
