@@ -273,12 +273,33 @@ impl Runtime {
             Err(e) if e.is_already_exists() => self.ctr.snapshot_mounts(id).await?,
             Err(e) => return Err(e.into()),
         };
-        // A task left from an interrupted start is removed first.
-        if self.ctr.task_state(id, "").await? != TaskState::Missing {
-            let _ = self.ctr.kill(id, "", 9, true).await;
-            self.ctr.delete_task(id, Duration::from_secs(10)).await?;
+        // A task left from an interrupted start is removed first. A Tasks.Create that a daemon
+        // crash cut short may still be under way in containerd: its bundle directory exists
+        // before its task does, and a second Create fails with "file exists". Wait for the
+        // first one to end (or clean up), then take over.
+        let mut attempts = 0;
+        loop {
+            match self.ctr.task_state(id, "").await? {
+                TaskState::Missing => {}
+                TaskState::Stopped(_) => self.ctr.delete_task(id, Duration::from_secs(10)).await?,
+                _ => {
+                    // Delete refuses a process that is still running: wait for the kill.
+                    let _ = self.ctr.kill(id, "", 9, true).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), self.ctr.wait(id, "")).await;
+                    self.ctr.delete_task(id, Duration::from_secs(10)).await?;
+                }
+            }
+            match self.ctr.create_task(id, mounts.clone(), stdio).await {
+                Ok(_) => break,
+                Err(e) if attempts < 40 && e.to_string().contains("file exists") => {
+                    attempts += 1;
+                    tracing::debug!(sandbox_id = %id, error = %e, "task bundle still there; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        self.ctr.create_task(id, mounts, stdio).await?;
         if let Err(e) = self.ctr.start(id, "").await {
             let _ = self.ctr.kill(id, "", 9, true).await;
             let _ = self.ctr.delete_task(id, Duration::from_secs(10)).await;
