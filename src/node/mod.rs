@@ -691,9 +691,9 @@ impl Node {
         blocking(move || volume::create(&p2, backend, size))
             .await?
             .map_err(|e| Error::Internal(format!("create workspace volume: {e}")))?;
-        // The spec written now is a placeholder; provisioning writes the real one once the
-        // image is resolved (containers are immutable in spec only through Update, which we
-        // avoid: the task is created from the spec we pass at container creation).
+        // The spec written now is a placeholder; provisioning writes the real one (with the
+        // image's environment) through Containers.Update once the image is resolved, before
+        // the task is created from it.
         let spec_json = self.spec_for(sb, &[]);
         self.inner
             .rt
@@ -793,20 +793,13 @@ impl Node {
             }
             other => other?,
         };
-        // Re-create the container with the image's environment in its spec: the record from
-        // Create carries the same labels, so this is invisible to recovery.
+        // Put the image's environment into the container's spec, in place: deleting and
+        // re-creating the container would lose the record to a crash in between.
         let spec_json = self.spec_for(sb, &resolved.env);
         let current = rt.ctr.get_container(&sb.id).await?;
         let spec_now = current.spec.map(|a| a.value).unwrap_or_default();
         if spec_now != spec_json {
-            rt.ctr.delete_container(&sb.id).await?;
-            rt.create_container(SandboxLaunch {
-                id: &sb.id,
-                labels: sb.labels(),
-                spec: spec_json,
-                image: &sb.image,
-            })
-            .await?;
+            rt.ctr.set_spec(&sb.id, spec_json).await?;
         }
         let (stdin, stdout, stderr) = if self.agent_enabled() {
             let (i, o) = self.prepare_agent_io(&sb.id).await?;
@@ -1087,8 +1080,22 @@ impl Node {
                 }
             }
             if sb.state().status == Status::Starting {
-                match rt.ctr.task_state(&sb.id, "").await? {
-                    TaskState::Running | TaskState::Paused => sb.set_status(Status::Ready, ""),
+                // Unknown: the shim did not answer within containerd's state timeout (2 s),
+                // e.g. busy with execs a crash cut short. Ask again; a task that still answers
+                // Unknown exists and is running something: it is not provisioned again.
+                let mut state = rt.ctr.task_state(&sb.id, "").await?;
+                for _ in 0..5 {
+                    if state != TaskState::Unknown {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    state = rt.ctr.task_state(&sb.id, "").await?;
+                }
+                info!(sandbox_id = %sb.id, ?state, "recovering sandbox");
+                match state {
+                    TaskState::Running | TaskState::Paused | TaskState::Unknown => {
+                        sb.set_status(Status::Ready, "")
+                    }
                     TaskState::Stopped(code) => {
                         self.fail(&sb, &format!("sandbox exited with status {code}"))
                             .await

@@ -250,6 +250,29 @@ impl Containerd {
         Ok(())
     }
 
+    /// Replaces a container's OCI spec in place (the record and its labels stay: no window
+    /// in which a crash would lose the container).
+    pub async fn set_spec(&self, id: &str, spec_json: Vec<u8>) -> Result<()> {
+        let container = Container {
+            id: id.to_string(),
+            spec: Some(Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
+                value: spec_json,
+            }),
+            ..Default::default()
+        };
+        ContainersClient::new(self.channel.clone())
+            .update(self.req(UpdateContainerRequest {
+                container: Some(container),
+                update_mask: Some(FieldMask {
+                    paths: vec!["spec".into()],
+                }),
+            }))
+            .await
+            .map_err(call_err("Containers.Update", id))?;
+        Ok(())
+    }
+
     /// Deletes a container record; a missing one is not an error.
     pub async fn delete_container(&self, id: &str) -> Result<()> {
         match ContainersClient::new(self.channel.clone())
