@@ -146,6 +146,13 @@ pub struct Config {
     pub draining: bool,
     /// Most sandboxes (STARTING or READY) this node takes.
     pub max_sandboxes: u32,
+    /// Free space the state directory's filesystem keeps (a quantity; `0` = none). Below it,
+    /// CreateSandbox and WriteFile are RESOURCE_EXHAUSTED: sparse ext4-loop volumes must not
+    /// find the host disk full under them.
+    pub min_free_disk: String,
+    /// Most ext4-loop volumes (each holds a loop device) attached at once; 0 = no cap. At the
+    /// cap, CreateSandbox with an ext4-loop class is RESOURCE_EXHAUSTED.
+    pub max_loop_volumes: u32,
     /// How many millicores the node promises per core.
     pub cpu_overcommit: f64,
     /// Log as JSON lines.
@@ -205,6 +212,8 @@ impl Default for Config {
             node_name: String::new(),
             draining: false,
             max_sandboxes: 200,
+            min_free_disk: "512Mi".into(),
+            max_loop_volumes: 0,
             cpu_overcommit: 4.0,
             log_json: false,
         }
@@ -298,6 +307,12 @@ impl Config {
             return bad(format!(
                 "max_workspace_size {:?} is not a size",
                 self.max_workspace_size
+            ));
+        }
+        if self.min_free_disk.trim() != "0" && parse_size(&self.min_free_disk).is_none() {
+            return bad(format!(
+                "min_free_disk {:?} is not a size",
+                self.min_free_disk
             ));
         }
         if !self.storage_classes.contains_key(&self.storage_class) {

@@ -42,6 +42,46 @@ pub enum Error {
 
 type Result<T> = std::result::Result<T, Error>;
 
+impl Error {
+    /// Whether the filesystem under the volume ran out of space (or quota).
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => matches!(
+                rustix::io::Errno::from_io_error(source),
+                Some(rustix::io::Errno::NOSPC | rustix::io::Errno::DQUOT)
+            ),
+            Error::Tool { stderr, .. } => {
+                stderr.contains("No space left") || stderr.contains("quota exceeded")
+            }
+        }
+    }
+
+    /// Whether no loop device could be had for the volume.
+    pub fn is_no_loop_device(&self) -> bool {
+        matches!(self, Error::Tool { stderr, .. }
+            if stderr.contains("loop device") || stderr.contains("/dev/loop"))
+    }
+}
+
+/// Bytes available to unprivileged writers on the filesystem holding `dir`.
+pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    let st = rustix::fs::statvfs(dir)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// How many ext4-loop volumes under `<state_dir>/workspaces` are mounted (each holds a loop
+/// device).
+pub fn loop_volumes(state_dir: &Path) -> usize {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return 0;
+    };
+    let prefix = format!("{}/", state_dir.join("workspaces").display());
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| unescape_mountinfo(mp).starts_with(&prefix))
+        .count()
+}
+
 /// A storage backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -187,6 +227,35 @@ mod tests {
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
         assert!(is_mounted(Path::new("/proc")));
         assert!(!is_mounted(Path::new("/definitely/not/mounted")));
+    }
+
+    #[test]
+    fn full_disks_and_missing_loop_devices_are_recognised() {
+        let io = |errno: i32| Error::Io {
+            what: "create",
+            path: "/x".into(),
+            source: std::io::Error::from_raw_os_error(errno),
+        };
+        let tool = |stderr: &str| Error::Tool {
+            tool: "mount",
+            path: "/x".into(),
+            stderr: stderr.into(),
+        };
+        assert!(io(rustix::io::Errno::NOSPC.raw_os_error()).is_no_space());
+        assert!(!io(rustix::io::Errno::ACCESS.raw_os_error()).is_no_space());
+        assert!(tool("mkfs.ext4: No space left on device while writing").is_no_space());
+        assert!(
+            tool("mount: /x: failed to setup loop device for /x/volume.ext4.").is_no_loop_device()
+        );
+        assert!(!tool("mount: wrong fs type").is_no_loop_device());
+        assert!(!tool("mount: wrong fs type").is_no_space());
+    }
+
+    #[test]
+    fn free_bytes_and_loop_volumes_read_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).unwrap() > 0);
+        assert_eq!(loop_volumes(dir.path()), 0);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod agent;
+mod capacity;
 mod error;
 pub mod exec;
 pub mod gc;
@@ -687,10 +688,12 @@ impl Node {
         let paths = self.paths(&sb.id);
         let backend = self.backend(sb);
         let size = parse_size(&sb.workspace.size).unwrap_or(0);
+        self.check_free_disk().await?;
+        self.check_loop_devices(backend).await?;
         let p2 = paths.clone();
         blocking(move || volume::create(&p2, backend, size))
             .await?
-            .map_err(|e| Error::Internal(format!("create workspace volume: {e}")))?;
+            .map_err(|e| capacity::volume_error(&sb.id, e))?;
         // The spec written now is a placeholder; provisioning writes the real one (with the
         // image's environment) through Containers.Update once the image is resolved, before
         // the task is created from it.

@@ -108,8 +108,7 @@ impl ComputeService for Service {
             let (tx, rx) = mpsc::channel(64);
             let node = self.node.clone();
             tokio::spawn(async move { node.exec(sb, ereq, tx).await });
-            let stream =
-                tokio_stream::wrappers::ReceiverStream::new(rx).map(|e| Ok(convert::exec_event(e)));
+            let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(convert::exec_event);
             let stream: Self::ExecCommandStream = Box::pin(stream);
             Ok(Response::new(stream))
         })
@@ -144,6 +143,7 @@ impl ComputeService for Service {
         observe("WriteFile", async move {
             let req = req.into_inner();
             let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
+            self.node.check_free_disk().await?;
             let n = blocking(move || ws.write(&req.path, &req.data, req.append, req.mode))
                 .await?
                 .map_err(super::Error::from)?;
