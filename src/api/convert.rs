@@ -78,10 +78,11 @@ pub fn exec_request(r: pb::ExecCommandRequest) -> Result<exec::ExecRequest, node
     })
 }
 
-/// The wire event of a domain exec event.
-pub fn exec_event(e: exec::ExecEvent) -> pb::ExecEvent {
+/// The wire event of a domain exec event; a failed exec ends the stream with its status.
+pub fn exec_event(e: exec::ExecEvent) -> Result<pb::ExecEvent, tonic::Status> {
     use pb::exec_event::Event;
     let (event, at) = match e {
+        exec::ExecEvent::Failed(status) => return Err(status),
         exec::ExecEvent::Stdout(data, at) => (Event::Stdout(pb::StdoutLine { data }), at),
         exec::ExecEvent::Stderr(data, at) => (Event::Stderr(pb::StderrLine { data }), at),
         exec::ExecEvent::Completed(c, at) => (
@@ -96,10 +97,10 @@ pub fn exec_event(e: exec::ExecEvent) -> pb::ExecEvent {
             at,
         ),
     };
-    pb::ExecEvent {
+    Ok(pb::ExecEvent {
         event: Some(event),
         emitted_at: Some(timestamp(at)),
-    }
+    })
 }
 
 impl From<workspace::Entry> for pb::FileEntry {

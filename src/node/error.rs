@@ -56,6 +56,20 @@ impl From<runtime::image::Error> for Error {
     }
 }
 
+impl Error {
+    /// Whether containerd could not be reached (the caller may retry).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Unavailable(_) => true,
+            Error::Runtime(runtime::Error::Containerd(c))
+            | Error::Runtime(runtime::Error::Image(runtime::image::Error::Containerd(c))) => {
+                containerd_code(c) == Code::Unavailable
+            }
+            _ => false,
+        }
+    }
+}
+
 fn containerd_code(e: &runtime::containerd::Error) -> Code {
     match e.code() {
         Code::Unavailable => Code::Unavailable,
@@ -145,8 +159,18 @@ mod tests {
             (Error::Internal("x".into()), Code::Internal),
         ];
         for (e, code) in cases {
+            assert_eq!(e.is_unavailable(), code == Code::Unavailable);
             let s: Status = e.into();
             assert_eq!(s.code(), code);
         }
+        let down = Error::Runtime(runtime::Error::Containerd(
+            runtime::containerd::Error::Call {
+                op: "Tasks.Exec",
+                what: "x".into(),
+                status: Status::unavailable("connection refused"),
+            },
+        ));
+        assert!(down.is_unavailable());
+        assert!(Error::Unavailable("draining".into()).is_unavailable());
     }
 }

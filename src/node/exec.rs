@@ -40,6 +40,10 @@ pub enum ExecEvent {
     Stderr(Vec<u8>, SystemTime),
     /// The end.
     Completed(Completed, SystemTime),
+    /// The exec could not run because containerd is unavailable: the stream ends with this
+    /// status (UNAVAILABLE) instead of a completed event, so callers can tell it from a
+    /// command's own failure and retry.
+    Failed(tonic::Status),
 }
 
 /// How an exec ended.
@@ -196,6 +200,12 @@ impl Node {
     pub async fn exec(&self, sb: Arc<Sandbox>, req: ExecRequest, tx: mpsc::Sender<ExecEvent>) {
         let done = match self.exec_inner(&sb, req, &tx).await {
             Ok(c) => c,
+            Err(e) if e.is_unavailable() => {
+                warn!(error = %e, "exec failed: containerd unavailable");
+                crate::metrics::METRICS.exec("failed", Duration::ZERO);
+                let _ = tx.send(ExecEvent::Failed(e.into())).await;
+                return;
+            }
             Err(e) => {
                 warn!(error = %e, "exec failed");
                 // The stream is already open: report the failure as a completed event with a
