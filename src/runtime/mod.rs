@@ -275,8 +275,9 @@ impl Runtime {
         };
         // A task left from an interrupted start is removed first. A Tasks.Create that a daemon
         // crash cut short may still be under way in containerd: its bundle directory exists
-        // before its task does, and a second Create fails with "file exists". Wait for the
-        // first one to end (or clean up), then take over.
+        // before its task does, and a second Create fails with "file exists" (or, when the
+        // first one's cleanup removes the directory under the second, the shim's fork/exec
+        // fails with "no such file or directory"). Wait for the first one to end, then retry.
         let mut attempts = 0;
         loop {
             match self.ctr.task_state(id, "").await? {
@@ -292,7 +293,11 @@ impl Runtime {
             }
             match self.ctr.create_task(id, mounts.clone(), stdio).await {
                 Ok(_) => break,
-                Err(e) if attempts < 40 && e.to_string().contains("file exists") => {
+                Err(e)
+                    if attempts < 40
+                        && (e.to_string().contains("file exists")
+                            || e.to_string().contains("no such file or directory")) =>
+                {
                     attempts += 1;
                     tracing::debug!(sandbox_id = %id, error = %e, "task bundle still there; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
