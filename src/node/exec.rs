@@ -433,3 +433,55 @@ impl Node {
         })
     }
 }
+
+impl Node {
+    /// Cancels the execs a daemon crash left behind (their exec directories under
+    /// `<run_dir>/io/<sandbox>`): their callers are gone, so they end as if the callers had hung
+    /// up. Their FIFOs get a reader first, because a shim whose exec start was cut short blocks
+    /// opening them (up to 30 s, with the task answering Unknown meanwhile); then each exec is
+    /// killed, waited for and deleted in the background, and its FIFOs removed.
+    pub(super) async fn reap_orphaned_execs(&self, sb: &Sandbox) {
+        let dir = self.config().run_dir.join("io").join(&sb.id);
+        let found = blocking(move || {
+            std::fs::read_dir(&dir)
+                .map(|rd| {
+                    rd.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("exec-"))
+                        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .await
+        .unwrap_or_default();
+        if found.is_empty() {
+            return;
+        }
+        let mut orphans = Vec::new();
+        for (exec_id, dir) in found {
+            let readers: Vec<_> = ["stdout", "stderr"]
+                .iter()
+                .filter_map(|f| {
+                    tokio::net::unix::pipe::OpenOptions::new()
+                        .open_receiver(dir.join(f))
+                        .ok()
+                })
+                .collect();
+            orphans.push((exec_id, dir, readers));
+        }
+        let ctr = self.runtime().ctr.clone();
+        let id = sb.id.clone();
+        tokio::spawn(async move {
+            for (exec_id, dir, readers) in orphans {
+                if ctr.kill(&id, &exec_id, 9, false).await.is_ok() {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), ctr.wait(&id, &exec_id))
+                        .await;
+                }
+                let _ = ctr.delete_process(&id, &exec_id).await;
+                drop(readers);
+                let _ = blocking(move || std::fs::remove_dir_all(dir)).await;
+                info!(sandbox_id = %id, exec_id = %exec_id, "exec orphaned by a restart cancelled");
+            }
+        });
+    }
+}

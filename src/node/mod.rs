@@ -1082,6 +1082,7 @@ impl Node {
                     warn!(sandbox_id = %sb.id, error = %e, "could not attach workspace volume")
                 }
             }
+            self.reap_orphaned_execs(&sb).await;
             if sb.state().status == Status::Starting {
                 // Unknown: the shim did not answer within containerd's state timeout (2 s),
                 // e.g. busy with execs a crash cut short. Ask again; a task that still answers
