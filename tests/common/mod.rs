@@ -120,10 +120,29 @@ pub struct Daemon {
     pub metrics: String,
     /// Log file.
     pub log: PathBuf,
+    /// containerd's socket this daemon talks to.
+    pub containerd: PathBuf,
+    /// The state directory.
+    state: PathBuf,
+}
+
+/// Where a daemon keeps its state and which containerd it uses (defaults: the shared
+/// containerd, a state directory inside the daemon's scratch directory).
+#[derive(Debug, Default, Clone)]
+pub struct Options {
+    /// containerd's socket.
+    pub containerd: Option<PathBuf>,
+    /// The state directory.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Extra config lines for a daemon.
 pub fn start(name: &str, extra_config: &str) -> Daemon {
+    start_with(name, extra_config, Options::default())
+}
+
+/// Like [`start`], with another containerd or state directory.
+pub fn start_with(name: &str, extra_config: &str, opts: Options) -> Daemon {
     let dir = tempfile::Builder::new()
         .prefix(&format!("computed-{name}-"))
         .tempdir()
@@ -134,16 +153,18 @@ pub fn start(name: &str, extra_config: &str) -> Daemon {
     let metrics = format!("127.0.0.1:{}", free_port());
     let socket = dir.path().join("compute.sock");
     let config = dir.path().join("config.toml");
+    let containerd = opts.containerd.unwrap_or_else(containerd_socket);
+    let state = opts.state_dir.unwrap_or_else(|| dir.path().join("state"));
     let toml = format!(
         "listen = {addr:?}\nmetrics_listen = {metrics:?}\nsocket = {socket:?}\ncontainerd_socket = {ctr:?}\nnamespace = {namespace:?}\n\
          state_dir = {state:?}\nrun_dir = {run:?}\nsandbox_image = {IMAGE:?}\n{agent}{extra_config}\n",
-        ctr = containerd_socket(),
+        ctr = containerd,
         agent = if extra_config.contains("agent_binary") {
             String::new()
         } else {
             format!("agent_binary = {:?}\n", agent_binary())
         },
-        state = dir.path().join("state"),
+        state = state,
         run = dir.path().join("run"),
     );
     std::fs::write(&config, toml).unwrap();
@@ -171,6 +192,8 @@ pub fn start(name: &str, extra_config: &str) -> Daemon {
         config,
         metrics,
         log,
+        containerd,
+        state,
     };
     d.spawn();
     d
@@ -254,14 +277,19 @@ impl Daemon {
 
     /// The state directory.
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.state.clone()
+    }
+
+    /// The run directory (exec FIFOs live under `io/`).
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
     }
 
     /// The ctr CLI in this daemon's namespace.
     pub fn ctr(&self, args: &[&str]) -> String {
         let out = Command::new("ctr")
             .arg("--address")
-            .arg(containerd_socket())
+            .arg(&self.containerd)
             .args(["--namespace", &self.namespace])
             .args(args)
             .output()
@@ -299,7 +327,7 @@ impl Drop for Daemon {
         for _ in 0..20 {
             let ok = Command::new("ctr")
                 .arg("--address")
-                .arg(containerd_socket())
+                .arg(&self.containerd)
                 .args(["namespaces", "rm", &self.namespace])
                 .output()
                 .map(|o| o.status.success())
