@@ -405,23 +405,30 @@ async fn kill9_under_load_keeps_every_ready_sandbox() {
     }
     // A short exec of a burst in flight too.
     let mut bursts = Vec::new();
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for id in &ids {
         let mut c2 = d.client().await;
         let id = id.clone();
+        let progress = progress.clone();
         bursts.push(tokio::spawn(async move {
             let mut results = Vec::new();
-            for _ in 0..50 {
+            for _ in 0..500 {
                 let r = exec(&mut c2, exec_req(&id, "true", &[])).await;
                 let failed = r.is_err();
                 results.push(r.map(|o| o.code()));
                 if failed {
                     break;
                 }
+                progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             results
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Kill once the bursts are well under way.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while progress.load(std::sync::atomic::Ordering::Relaxed) < 2 * n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let t0 = Instant::now();
     d.kill9();
 
@@ -433,7 +440,7 @@ async fn kill9_under_load_keeps_every_ready_sandbox() {
             .expect("an in-flight exec stream hung after the daemon died")
             .unwrap();
         let st = r.expect_err("an in-flight exec cannot complete: its daemon died");
-        codes.insert(format!("{:?}", st.code()));
+        codes.insert(format!("{:?}: {}", st.code(), st.message()));
         assert!(
             matches!(
                 st.code(),
@@ -443,6 +450,7 @@ async fn kill9_under_load_keeps_every_ready_sandbox() {
         );
     }
     let mut burst_ok = 0;
+    let mut burst_cut = 0;
     for b in bursts {
         let results = tokio::time::timeout(Duration::from_secs(30), b)
             .await
@@ -455,7 +463,8 @@ async fn kill9_under_load_keeps_every_ready_sandbox() {
                     burst_ok += 1;
                 }
                 Err(st) => {
-                    codes.insert(format!("{:?}", st.code()));
+                    burst_cut += 1;
+                    codes.insert(format!("{:?}: {}", st.code(), st.message()));
                     assert!(
                         matches!(
                             st.code(),
@@ -468,7 +477,7 @@ async fn kill9_under_load_keeps_every_ready_sandbox() {
         }
     }
     eprintln!(
-        "KILL9 sandboxes {n} in-flight streams {n} bursts ok {burst_ok}; callers saw {codes:?} within {:.1}s",
+        "KILL9 sandboxes {n}, in-flight long execs {n}, burst execs completed before the kill {burst_ok}, cut by it {burst_cut}; callers saw {codes:?} within {:.1}s",
         t0.elapsed().as_secs_f64()
     );
 
