@@ -57,10 +57,14 @@ pub async fn run(t: &Target, a: ExecArgs) -> anyhow::Result<i32> {
         .into_inner();
     let mut out = std::io::stdout();
     let mut err = std::io::stderr();
+    // One listener for the whole exec: a fresh `ctrl_c()` per message would miss a Ctrl-C
+    // that arrives while a message is being written out.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     loop {
         let msg = tokio::select! {
             m = stream.message() => m,
-            _ = tokio::signal::ctrl_c() => {
+            _ = &mut ctrl_c => {
                 // Dropping the stream cancels the exec on the node.
                 drop(stream);
                 eprintln!("computectl: cancelled");
