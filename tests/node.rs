@@ -898,11 +898,29 @@ async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
         code_of(exec(&mut c, exec_req(&id, "true", &[])).await),
         Code::FailedPrecondition
     );
+    // The sandbox was stopped when its time ran out, not only marked (its shim stays until
+    // Destroy deletes the task).
+    let runsc = || -> Vec<String> {
+        processes_mentioning(&id)
+            .into_iter()
+            .filter(|p| p.contains("runsc"))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !runsc().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        runsc().is_empty(),
+        "runsc processes of a sandbox past max_runtime: {:?}",
+        runsc()
+    );
     c.destroy_sandbox(pb::DestroySandboxRequest {
         sandbox_id: id.clone(),
     })
     .await
     .unwrap();
+    assert!(cgroups_of(&id).is_empty() && mounts_mentioning(&id).is_empty());
 
     // Killing the sandbox's runsc processes from the host: FAILED with a reason.
     let id = ready_sandbox(&mut c, create_req("t", "killed")).await;
