@@ -111,33 +111,41 @@ fn fifo_hold(input: &std::path::Path, output: &std::path::Path) -> ExitCode {
         });
     }
     // Wait for the shim to open its end (non-blocking opens fail with ENXIO until then); give
-    // up after a minute: the task never came.
+    // up after a minute: the task never came. When the reader goes away, wait again the same
+    // way: after a daemon crash the shim of a cut-short Tasks.Create may be the reader, and the
+    // retried Create's shim (which needs our reader on `output`) comes only after it is gone.
     use std::os::unix::fs::OpenOptionsExt;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let f = loop {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
-            .open(input)
-        {
-            Ok(f) => break f,
-            Err(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(50))
-            }
-            Err(_) => return ExitCode::FAILURE,
-        }
-    };
+    let mut held = false;
     loop {
-        let mut fds = [PollFd::new(f.as_fd(), PollFlags::empty())];
-        match poll(&mut fds, PollTimeout::from(1000u16)) {
-            Ok(_) => {
-                let ev = fds[0].revents().unwrap_or(PollFlags::empty());
-                if ev.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL) {
-                    return ExitCode::SUCCESS;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let f = loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+                .open(input)
+            {
+                Ok(f) => break f,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50))
                 }
+                Err(_) if held => return ExitCode::SUCCESS,
+                Err(_) => return ExitCode::FAILURE,
             }
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(_) => return ExitCode::FAILURE,
+        };
+        held = true;
+        loop {
+            let mut fds = [PollFd::new(f.as_fd(), PollFlags::empty())];
+            match poll(&mut fds, PollTimeout::from(1000u16)) {
+                Ok(_) => {
+                    let ev = fds[0].revents().unwrap_or(PollFlags::empty());
+                    if ev.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL)
+                    {
+                        break;
+                    }
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return ExitCode::FAILURE,
+            }
         }
     }
 }

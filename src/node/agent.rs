@@ -8,7 +8,8 @@
 //! * A small holder process (`computed fifo-hold in out`, its own process group) keeps a writer
 //!   on `in` and a reader on `out` for the sandbox's life: the shim can open both when the task
 //!   is created, and when the daemon restarts the shim's copies neither end nor fail. It exits
-//!   by itself once the shim closes the FIFOs.
+//!   by itself a minute after the last reader of `in` closes it (it waits that long for the
+//!   shim of a Create retried after a crash).
 //! * After a restart the daemon re-opens the FIFOs and re-registers the worker; frames cut in
 //!   half by the restart are skipped by the framing's resync (`relay::frame`).
 
