@@ -358,11 +358,23 @@ async fn in_flight(
 #[tokio::test(flavor = "multi_thread")]
 async fn kill9_under_load_keeps_every_ready_sandbox() {
     need!();
+    kill9_under_load("kill9", "").await;
+}
+
+/// The same with execs through containerd (`runsc exec`) instead of the in-sandbox agent: the
+/// orphaned execs are containerd exec processes, whose shim waits for their FIFOs.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill9_under_load_with_containerd_execs() {
+    need!();
+    kill9_under_load("kill9ctr", "agent = false").await;
+}
+
+async fn kill9_under_load(name: &str, extra: &str) {
     let n = env_num("COMPUTE_KILL9_SANDBOXES", if long() { 12 } else { 3 });
     let mut d = start(
-        "kill9",
+        name,
         &format!(
-            "usage_persist_secs = 1\nmeter_interval_ms = 200\nmax_sandboxes = {}",
+            "usage_persist_secs = 1\nmeter_interval_ms = 200\nmax_sandboxes = {}\n{extra}",
             n + 10
         ),
     );
@@ -477,7 +489,7 @@ async fn kill9_under_load_keeps_every_ready_sandbox() {
         }
     }
     eprintln!(
-        "KILL9 sandboxes {n}, in-flight long execs {n}, burst execs completed before the kill {burst_ok}, cut by it {burst_cut}; callers saw {codes:?} within {:.1}s",
+        "KILL9 ({name}) sandboxes {n}, in-flight long execs {n}, burst execs completed before the kill {burst_ok}, cut by it {burst_cut}; callers saw {codes:?} within {:.1}s",
         t0.elapsed().as_secs_f64()
     );
 
