@@ -499,7 +499,9 @@ fn main() -> ExitCode {
     if args.init {
         return init();
     }
-    let rt = match tokio::runtime::Runtime::new() {
+    // One thread: inside gVisor every cross-thread wakeup is a costly futex round trip, and the
+    // agent only moves bytes and starts processes.
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sandbox-agent: {e}");
