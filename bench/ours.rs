@@ -154,6 +154,7 @@ impl Ours {
             .tcp_nodelay(true)
             .initial_stream_window_size(computed::server::WINDOW)
             .initial_connection_window_size(2 * computed::server::WINDOW)
+            .max_frame_size(1 << 20)
             .connect()
             .await?;
         let client = ComputeServiceClient::new(ch)

@@ -117,6 +117,8 @@ pub async fn serve(
     let router = Server::builder()
         .initial_stream_window_size(Some(WINDOW))
         .initial_connection_window_size(Some(2 * WINDOW))
+        // 1 MiB frames: a 16 MiB message in 16 frames, not 1024.
+        .max_frame_size(Some(1 << 20))
         .layer(tower::util::MapResponseLayer::new(
             undecodable_is_invalid_argument as fn(_) -> _,
         ))
