@@ -501,7 +501,10 @@ fn main() -> ExitCode {
     }
     // One thread: inside gVisor every cross-thread wakeup is a costly futex round trip, and the
     // agent only moves bytes and starts processes.
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sandbox-agent: {e}");
