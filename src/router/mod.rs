@@ -282,7 +282,9 @@ impl Router {
             .filter(|(n, i)| {
                 !i.draining
                     && !n.cordoned
-                    && (i.max_sandboxes == 0 || i.live_sandboxes < i.max_sandboxes)
+                    && (i.max_sandboxes == 0
+                        // A node gives a pool member up for a tenant's sandbox.
+                        || i.live_sandboxes.saturating_sub(i.pool_sandboxes) < i.max_sandboxes)
                     && i.free_memory_bytes >= memory
             })
             .map(|(n, _)| (score(&key, &n.name), n))
