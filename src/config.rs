@@ -530,7 +530,10 @@ mod tests {
         assert_eq!(e[0].storage_class, "standard");
         assert_eq!(e[0].workspace_size, "5Gi");
         assert_eq!(e[1].mount_path, "/w");
-        assert!(Config::default().pool.is_empty(), "the pool is off by default");
+        assert!(
+            Config::default().pool.is_empty(),
+            "the pool is off by default"
+        );
 
         let mut c = Config::default();
         c.apply_env(|k| (k == "COMPUTE_POOL").then(|| "reg/x:1=3, y=1".into()));

@@ -427,7 +427,10 @@ mod tests {
         assert_eq!(cg.limits().unwrap(), l);
         let rd = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
         assert_eq!(rd("cpu/compute/a/cpu.cfs_period_us"), "100000");
-        assert_eq!(rd("memory/compute/a/memory.limit_in_bytes"), (300u64 << 20).to_string());
+        assert_eq!(
+            rd("memory/compute/a/memory.limit_in_bytes"),
+            (300u64 << 20).to_string()
+        );
 
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("compute/a")).unwrap();

@@ -221,10 +221,13 @@ impl Sandbox {
             Some("failed") => (Status::Failed, get("reason").unwrap_or_default()),
             _ => (Status::Starting, String::new()),
         };
+        // containerd drops labels with empty values: a pool member has no tenant or session.
+        let pool = get("pool").as_deref() == Some("true");
+        let owner = |k: &str| if pool { Some(get(k).unwrap_or_default()) } else { get(k) };
         Some(Sandbox {
             id: id.to_string(),
-            tenant_id: get("tenant-id")?,
-            session_id: get("session-id")?,
+            tenant_id: owner("tenant-id")?,
+            session_id: owner("session-id")?,
             image: get("image")?,
             created_at,
             limits,
@@ -233,7 +236,7 @@ impl Sandbox {
                 size: get("workspace-size")?,
                 mount_path: get("mount-path")?,
             },
-            pool: get("pool").as_deref() == Some("true"),
+            pool,
             image_digest: get("image-digest").unwrap_or_default(),
             state: Arc::new(
                 watch::channel(State {
@@ -1373,6 +1376,12 @@ mod tests {
         assert_eq!(back.state().status, Status::Starting);
         assert!(back.pool);
         assert_eq!(back.image_digest, "sha256:abc");
+        // As containerd stores it: no empty labels.
+        let mut member = l.clone();
+        member.insert(label("tenant-id"), String::new());
+        member.retain(|_, v| !v.is_empty());
+        let back = Sandbox::from_labels(&sb.id, &member, meter).unwrap();
+        assert!(back.pool && back.tenant_id.is_empty());
         l.insert(label("status"), "failed".into());
         l.insert(label("reason"), "boom".into());
         let back = Sandbox::from_labels(&sb.id, &l, meter).unwrap();

@@ -78,9 +78,8 @@ impl Node {
         if !self.pool_enabled() {
             return Ok(Claim::Miss);
         }
-        let candidate = |sb: &Sandbox| {
-            sb.pool && sb.workspace == *ws && sb.state().status == Status::Ready
-        };
+        let candidate =
+            |sb: &Sandbox| sb.pool && sb.workspace == *ws && sb.state().status == Status::Ready;
         // No containerd call on a sure miss.
         if !self.table().by_id.values().any(|sb| candidate(sb)) {
             METRICS.pool_claim(false);
@@ -216,7 +215,10 @@ impl Node {
             s.final_usage = Some(Default::default());
         });
         let mut t = self.table();
-        if t.by_id.get(&sb.id).is_some_and(|cur| Arc::ptr_eq(&cur.state, &sb.state)) {
+        if t.by_id
+            .get(&sb.id)
+            .is_some_and(|cur| Arc::ptr_eq(&cur.state, &sb.state))
+        {
             t.by_id.remove(&sb.id);
         }
         info!(sandbox_id = %sb.id, "pool member retired");
