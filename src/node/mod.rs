@@ -223,7 +223,13 @@ impl Sandbox {
         };
         // containerd drops labels with empty values: a pool member has no tenant or session.
         let pool = get("pool").as_deref() == Some("true");
-        let owner = |k: &str| if pool { Some(get(k).unwrap_or_default()) } else { get(k) };
+        let owner = |k: &str| {
+            if pool {
+                Some(get(k).unwrap_or_default())
+            } else {
+                get(k)
+            }
+        };
         Some(Sandbox {
             id: id.to_string(),
             tenant_id: owner("tenant-id")?,
