@@ -283,16 +283,16 @@ impl Meter {
     /// claimed: what it used while waiting is not its tenant's).
     pub fn reset(&self) {
         let raw = self.read_raw();
-        {
-            let mut st = self.lock();
-            st.persisted = Persisted {
-                cpu_base: raw.map_or(0, |r| r.cpu_ns),
-                ..Default::default()
-            };
-            st.lifetime_mem = None;
-            st.last = raw;
-        }
-        self.rebase_disk();
+        let mut st = self.lock();
+        st.persisted = Persisted {
+            cpu_base: raw.map_or(0, |r| r.cpu_ns),
+            // Same device: its counters now are the zero point.
+            disk_read_base: -(raw.map_or(0, |r| r.read) as i64),
+            disk_write_base: -(raw.map_or(0, |r| r.write) as i64),
+            ..Default::default()
+        };
+        st.lifetime_mem = None;
+        st.last = raw;
     }
 
     /// The workspace's device was attached anew (a new sandbox, or a reattach after a

@@ -25,6 +25,9 @@ use crate::metering::meter::Persisted;
 use crate::metrics::METRICS;
 use crate::runtime::image;
 
+/// How long the refill loop waits after a claim before booting a replacement.
+const REFILL_DELAY: Duration = Duration::from_millis(250);
+
 /// What a claim attempt came to.
 pub(super) enum Claim {
     /// A member now belongs to the caller, READY.
@@ -78,6 +81,7 @@ impl Node {
         if !self.pool_enabled() {
             return Ok(Claim::Miss);
         }
+        let t0 = std::time::Instant::now();
         let candidate =
             |sb: &Sandbox| sb.pool && sb.workspace == *ws && sb.state().status == Status::Ready;
         // No containerd call on a sure miss.
@@ -131,7 +135,12 @@ impl Node {
         match self.apply_claim(&claimed).await {
             Ok(()) => {
                 METRICS.pool_claim(true);
-                info!(sandbox_id = %claimed.id, image = %claimed.image, "pool member claimed");
+                info!(
+                    sandbox_id = %claimed.id,
+                    image = %claimed.image,
+                    claim_us = t0.elapsed().as_micros() as u64,
+                    "pool member claimed"
+                );
                 self.spawn_deadline(claimed.clone());
                 self.inner.pool_wake.notify_one();
                 Ok(Claim::Claimed(claimed))
@@ -335,7 +344,13 @@ impl Node {
         let node = self.clone();
         Some(tokio::spawn(async move {
             let mut failures = 0u32;
+            let mut woken = false;
             loop {
+                if woken {
+                    // Woken by a claim: let the claimed sandbox's first execs run before a
+                    // boot (runsc start is CPU-heavy) competes with them.
+                    tokio::time::sleep(REFILL_DELAY).await;
+                }
                 let wait = match node.refill().await {
                     Ok(()) => {
                         failures = 0;
@@ -366,10 +381,10 @@ impl Node {
                 for (image, n) in members {
                     METRICS.pool_size(&image, n);
                 }
-                tokio::select! {
-                    _ = node.inner.pool_wake.notified() => {}
-                    _ = tokio::time::sleep(wait) => {}
-                }
+                woken = tokio::select! {
+                    _ = node.inner.pool_wake.notified() => true,
+                    _ = tokio::time::sleep(wait) => false,
+                };
             }
         }))
     }
