@@ -425,3 +425,63 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(pool_ids(&d).is_empty(), "no member boots on a full node");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_limit() {
+    need!();
+    let d = start("pool-agent", &format!("agent = true\n{POOL}"));
+    let mut c = d.client().await;
+    let members = wait_pool(&d, 2);
+    // Both members' agents attach while they wait.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !members.iter().all(|m| {
+        d.log_text()
+            .contains(&format!("agent attached sandbox_id={m}"))
+    }) {
+        assert!(Instant::now() < deadline, "agents never attached");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let resp = c
+        .create_sandbox(with_limits(create_req("t", "agent"), 1000, 256 << 20))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.status, SandboxStatus::Ready as i32);
+    let id = resp.sandbox_id;
+    assert!(members.contains(&id));
+    let o = exec(&mut c, exec_req(&id, "cat", &["/proc/1/cmdline"]))
+        .await
+        .unwrap();
+    assert!(o.out().contains("sandbox-agent"), "{}", o.out());
+    assert!(d
+        .log_text()
+        .lines()
+        .any(|l| l.contains("exec completed (agent)") && l.contains(&id)));
+    // The member booted with the default 1 GiB; the claim's 256 MiB is what execs get.
+    let hog = "b = bytearray(400 * 1024 * 1024)\n\
+               for i in range(0, len(b), 4096): b[i] = 1\n\
+               import time; time.sleep(30)";
+    let done = exec(&mut c, exec_req(&id, "python3", &["-c", hog]))
+        .await
+        .unwrap()
+        .completed
+        .unwrap();
+    assert_eq!(done.exit_code, 137);
+    assert!(done.oom_killed);
+    assert_eq!(
+        describe(&mut c, &id).await.status,
+        SandboxStatus::Ready as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_draining_node_boots_no_members() {
+    need!();
+    let d = start("pool-drain", &format!("draining = true\n{POOL}"));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(ls_json(&d).is_empty(), "{:?}", ls_json(&d));
+    assert!(!d.log_text().contains("booting pool member"));
+    let info = node_info(&d).await;
+    assert!(info.draining);
+    assert_eq!(info.pool_sandboxes, 0);
+}
