@@ -372,7 +372,7 @@ async fn run(
             }),
             notes: vec![format!(
                 "ours: the daemon restarted with a warm pool of {} bench-image sandboxes and the \
-                 in-sandbox agent; CreateSandbox (a pool member, READY in the response) then \
+                 in-sandbox agent on; CreateSandbox (a pool member, READY in the response) then \
                  ExecCommand `echo hi` until the first stdout byte, each round once the pool \
                  is full again; baseline: the raw cold create of create_to_first_output_cold \
                  (raw containerd has no pool), the same samples",
