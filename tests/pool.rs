@@ -67,6 +67,24 @@ fn wait_pool(d: &Daemon, n: usize) -> BTreeSet<String> {
     }
 }
 
+/// Waits until the pool is back to `n` READY members with no boot in flight, so that the
+/// harness's cleanup does not race a task the refill loop is creating.
+fn settle(d: &Daemon, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let all = ls_json(d);
+        let ready = all
+            .iter()
+            .filter(|s| s["pool"] == true && s["status"] == "READY")
+            .count();
+        if ready == n && !all.iter().any(|s| s["status"] == "STARTING") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the pool never settled: {all:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// containerd's labels of a container.
 fn labels(d: &Daemon, id: &str) -> serde_json::Value {
     let info: serde_json::Value =
@@ -225,7 +243,9 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
         ((256u64 << 20) + (384 << 20)).to_string()
     );
 
-    // It works, with an empty workspace, like a cold one.
+    // It works, with an empty workspace, like a cold one. (Processes first, before any exec of
+    // ours could leave a zombie behind with an init that does not reap.)
+    let procs_warm = sh(&mut c, &id, "ls /proc | grep -c '^[0-9]'").await;
     assert_eq!(sh(&mut c, &id, "echo hi").await, "hi\n");
     assert_eq!(
         sh(&mut c, &id, "ls -A /workspace | wc -l").await.trim(),
@@ -242,7 +262,6 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
         .unwrap()
         .into_inner();
     assert!(files.entries.is_empty(), "{:?}", files.entries);
-    let procs_warm = sh(&mut c, &id, "ls /proc | grep -c '^[0-9]'").await;
 
     // The pool refills with a new member.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -332,6 +351,7 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
         describe(&mut c, &id).await.status,
         SandboxStatus::Destroyed as i32
     );
+    settle(&d, 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -472,6 +492,7 @@ async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_
         describe(&mut c, &id).await.status,
         SandboxStatus::Ready as i32
     );
+    settle(&d, 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
