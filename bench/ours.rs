@@ -4,7 +4,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -41,13 +42,15 @@ pub struct Ours {
     containerd: PathBuf,
     dir: PathBuf,
     config: PathBuf,
+    /// The config without a pool (the pool scenario appends one).
+    base_toml: String,
     log: PathBuf,
     addr: String,
     namespace: String,
     storage_class: String,
     child: Mutex<Option<tokio::process::Child>>,
-    pid: OnceLock<u32>,
-    client: OnceLock<Client>,
+    pid: AtomicU32,
+    client: Mutex<Option<Client>>,
     live: Mutex<BTreeSet<String>>,
 }
 
@@ -74,7 +77,7 @@ impl Ours {
             state = dir.join("state"),
             run = dir.join("run"),
         );
-        std::fs::write(&config, toml).with_context(|| format!("write {}", config.display()))?;
+        std::fs::write(&config, &toml).with_context(|| format!("write {}", config.display()))?;
         Ok(Ours {
             computed: computed.to_path_buf(),
             image_tar: image_tar.to_path_buf(),
@@ -82,12 +85,13 @@ impl Ours {
             log: dir.join("computed.log"),
             dir,
             config,
+            base_toml: toml,
             addr,
             namespace,
             storage_class: storage_class.to_string(),
             child: Mutex::new(None),
-            pid: OnceLock::new(),
-            client: OnceLock::new(),
+            pid: AtomicU32::new(0),
+            client: Mutex::new(None),
             live: Mutex::new(BTreeSet::new()),
         })
     }
@@ -115,7 +119,15 @@ impl Ours {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let logf = std::fs::File::create(&self.log)?;
+        self.launch().await
+    }
+
+    /// Starts the daemon with the current config file and connects to it.
+    async fn launch(&self) -> Result<()> {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
         let mut cmd = tokio::process::Command::new(&self.computed);
         cmd.arg("--config")
             .arg(&self.config)
@@ -129,7 +141,7 @@ impl Ours {
             cmd.env_remove(k);
         }
         let child = cmd.spawn().context("start computed node")?;
-        let _ = self.pid.set(child.id().unwrap_or(0));
+        self.pid.store(child.id().unwrap_or(0), Ordering::Relaxed);
         *self.child.lock().unwrap() = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -160,8 +172,74 @@ impl Ours {
         let client = ComputeServiceClient::new(ch)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
-        let _ = self.client.set(client);
+        *self.client.lock().unwrap() = Some(client);
         Ok(())
+    }
+
+    /// Restarts the daemon with a warm pool of `size` members of the bench image (and the
+    /// in-sandbox agent, the exec path a pool is for), or without a pool (`None`: the config of
+    /// every other scenario; members left over are retired by the daemon).
+    pub async fn set_pool(&self, size: Option<u32>) -> Result<()> {
+        let mut toml = self.base_toml.clone();
+        if let Some(n) = size {
+            toml.push_str(&format!(
+                "agent = true\n[[pool]]\nimage = {IMAGE:?}\nsize = {n}\nstorage_class = {:?}\n",
+                self.storage_class
+            ));
+        }
+        self.stop_daemon().await;
+        std::fs::write(&self.config, toml)
+            .with_context(|| format!("write {}", self.config.display()))?;
+        self.launch().await
+    }
+
+    /// Waits (unmeasured) until the daemon reports `size` READY pool members.
+    pub async fn wait_pool(&self, size: u32) -> Result<()> {
+        use computed::api::node::v1 as node_pb;
+        let ch = Channel::from_shared(format!("http://{}", self.addr))?
+            .connect()
+            .await?;
+        let mut info = node_pb::node_info_client::NodeInfoClient::new(ch);
+        let t0 = Instant::now();
+        loop {
+            let i = info
+                .get_info(node_pb::GetInfoRequest {})
+                .await
+                .context("GetInfo")?
+                .into_inner();
+            if i.pool_sandboxes >= size {
+                return Ok(());
+            }
+            if t0.elapsed() > Duration::from_secs(120) {
+                bail!(
+                    "the pool has {} of {size} members after 120 s",
+                    i.pool_sandboxes
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Like [`Target::create_first_output`], and fails unless the create was served by the
+    /// pool (READY in the CreateSandbox response).
+    pub async fn pool_first_output(&self) -> Result<(String, Duration)> {
+        let mut c = self.client()?;
+        let t0 = Instant::now();
+        let resp = c
+            .create_sandbox(self.create_req())
+            .await
+            .context("CreateSandbox")?
+            .into_inner();
+        let id = resp.sandbox_id;
+        self.live.lock().unwrap().insert(id.clone());
+        if resp.status != pb::SandboxStatus::Ready as i32 {
+            bail!("sandbox {id} was created cold, not taken from the pool");
+        }
+        let out = self
+            .run_exec(&mut c, &id, &["echo", "hi"], t0)
+            .await?
+            .check(Some(b"hi\n"))?;
+        Ok((id, out.first_stdout.context("no stdout")?))
     }
 
     fn log_tail(&self) -> String {
@@ -172,8 +250,9 @@ impl Ours {
 
     fn client(&self) -> Result<Client> {
         self.client
-            .get()
-            .cloned()
+            .lock()
+            .unwrap()
+            .clone()
             .context("the daemon is not running")
     }
 
@@ -245,6 +324,7 @@ impl Ours {
 
     async fn stop_daemon(&self) {
         let child = self.child.lock().unwrap().take();
+        *self.client.lock().unwrap() = None;
         let Some(mut child) = child else { return };
         if let Some(pid) = child.id() {
             let _ = nix::sys::signal::kill(
@@ -367,7 +447,7 @@ impl Target for Ours {
     }
 
     fn daemon_pid(&self) -> Option<u32> {
-        self.pid.get().copied().filter(|p| *p != 0)
+        Some(self.pid.load(Ordering::Relaxed)).filter(|p| *p != 0)
     }
 
     async fn cleanup(&self) {

@@ -103,6 +103,34 @@ pub async fn cold<T: Target>(sides: &[&T], plan: &Plan) -> Vec<Result<Cold>> {
     out
 }
 
+/// Members of the warm pool in the pool scenario.
+pub const POOL_SIZE: u32 = 2;
+
+/// Ours only (raw containerd has no pool): restarts the daemon with a warm pool, then
+/// `plan.creates` rounds (after one warm-up) of CreateSandbox → first output of `echo hi`
+/// from a pool member, each once the pool is full again (the wait is not measured), each
+/// sandbox destroyed unmeasured. The daemon is restarted without the pool afterwards.
+pub async fn pool(o: &crate::ours::Ours, plan: &Plan) -> Result<Vec<f64>> {
+    o.set_pool(Some(POOL_SIZE)).await?;
+    let rounds = async {
+        let mut v = Vec::new();
+        for i in 0..=plan.creates {
+            o.wait_pool(POOL_SIZE).await?;
+            let (id, first) = within(90, "pool create + echo", o.pool_first_output()).await?;
+            within(60, "destroy", o.destroy(&id)).await?;
+            if i > 0 {
+                v.push(ms(first));
+            }
+        }
+        Ok::<_, anyhow::Error>(v)
+    }
+    .await;
+    let back = o.set_pool(None).await;
+    let v = rounds?;
+    back?;
+    Ok(v)
+}
+
 /// Exec round trips and file throughput on one ready sandbox.
 #[derive(Default)]
 pub struct Ready {

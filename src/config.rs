@@ -157,6 +157,29 @@ pub struct Config {
     pub cpu_overcommit: f64,
     /// Log as JSON lines.
     pub log_json: bool,
+    /// The warm pool: pre-booted sandboxes per image (`[[pool]]` tables; `COMPUTE_POOL`).
+    /// Empty (the default) turns the pool off.
+    pub pool: Vec<PoolEntry>,
+}
+
+/// One warm-pool entry: keep `size` sandboxes of `image` booted, with this workspace, ready to
+/// be claimed by a CreateSandbox whose request fits (same image, same workspace).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolEntry {
+    /// The image (as a request names it; aliases of the same image also fit).
+    pub image: String,
+    /// How many booted, unclaimed sandboxes to keep.
+    pub size: u32,
+    /// Storage class of the members' workspaces; empty = `storage_class`.
+    #[serde(default)]
+    pub storage_class: String,
+    /// Workspace size of the members; empty = `workspace_size`.
+    #[serde(default)]
+    pub workspace_size: String,
+    /// Mount path of the members' workspaces; empty = `/workspace`.
+    #[serde(default)]
+    pub mount_path: String,
 }
 
 impl Default for Config {
@@ -216,6 +239,7 @@ impl Default for Config {
             max_loop_volumes: 0,
             cpu_overcommit: 4.0,
             log_json: false,
+            pool: vec![],
         }
     }
 }
@@ -286,6 +310,51 @@ impl Config {
         if let Some(v) = nonempty("COMPUTE_AGENT_BINARY") {
             self.agent_binary = v.into();
         }
+        if let Some(v) = get("COMPUTE_POOL") {
+            // `IMAGE=N[,IMAGE=N...]` replaces the file's pool; an empty value turns it off.
+            // A malformed item is kept with size 0 and an empty image, which validation refuses.
+            self.pool = v
+                .split(',')
+                .map(str::trim)
+                .filter(|i| !i.is_empty())
+                .map(|item| {
+                    let (image, size) = item.rsplit_once('=').unwrap_or(("", ""));
+                    PoolEntry {
+                        image: image.trim().to_string(),
+                        size: size.trim().parse().unwrap_or(0),
+                        storage_class: String::new(),
+                        workspace_size: String::new(),
+                        mount_path: String::new(),
+                    }
+                })
+                .collect();
+        }
+    }
+
+    /// The pool entries with every empty field replaced by the node's default.
+    pub fn pool_entries(&self) -> Vec<PoolEntry> {
+        self.pool
+            .iter()
+            .map(|e| PoolEntry {
+                image: e.image.clone(),
+                size: e.size,
+                storage_class: if e.storage_class.is_empty() {
+                    self.storage_class.clone()
+                } else {
+                    e.storage_class.clone()
+                },
+                workspace_size: if e.workspace_size.is_empty() {
+                    self.workspace_size.clone()
+                } else {
+                    e.workspace_size.clone()
+                },
+                mount_path: if e.mount_path.is_empty() {
+                    "/workspace".into()
+                } else {
+                    e.mount_path.clone()
+                },
+            })
+            .collect()
     }
 
     /// Checks ranges and formats.
@@ -329,6 +398,49 @@ impl Config {
         }
         if !self.state_dir.is_absolute() || !self.run_dir.is_absolute() {
             return bad("state_dir and run_dir must be absolute".into());
+        }
+        let entries = self.pool_entries();
+        let mut total = 0u64;
+        for (i, e) in entries.iter().enumerate() {
+            if e.image.is_empty() || e.size == 0 {
+                return bad(format!(
+                    "pool entry {} needs an image and a size > 0 (COMPUTE_POOL is IMAGE=N,...)",
+                    i + 1
+                ));
+            }
+            if !self.storage_classes.contains_key(&e.storage_class) {
+                return bad(format!(
+                    "pool entry {:?}: storage_class {:?} is not among storage_classes",
+                    e.image, e.storage_class
+                ));
+            }
+            if parse_size(&e.workspace_size).is_none_or(|s| s < (8 << 20)) {
+                return bad(format!(
+                    "pool entry {:?}: workspace_size {:?} is not a size of at least 8Mi",
+                    e.image, e.workspace_size
+                ));
+            }
+            if crate::node::validate_mount_path(&e.mount_path).is_err() {
+                return bad(format!(
+                    "pool entry {:?}: mount_path {:?} is not a clean absolute path",
+                    e.image, e.mount_path
+                ));
+            }
+            if entries[..i].iter().any(|o| {
+                o.image == e.image
+                    && o.storage_class == e.storage_class
+                    && o.workspace_size == e.workspace_size
+                    && o.mount_path == e.mount_path
+            }) {
+                return bad(format!("pool entry {:?} is listed twice", e.image));
+            }
+            total += u64::from(e.size);
+        }
+        if total > u64::from(self.max_sandboxes) {
+            return bad(format!(
+                "the pool ({total} sandboxes) is larger than max_sandboxes ({})",
+                self.max_sandboxes
+            ));
         }
         Ok(())
     }
@@ -402,6 +514,49 @@ mod tests {
         assert!(r.is_err());
         let c: Config = toml::from_str("pids_limit = 77").unwrap();
         assert_eq!(c.pids_limit, 77);
+    }
+
+    #[test]
+    fn pool_from_file_and_env() {
+        let c: Config = toml::from_str(
+            "[[pool]]\nimage = \"a:1\"\nsize = 2\n[[pool]]\nimage = \"b\"\nsize = 1\nmount_path = \"/w\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let e = c.pool_entries();
+        assert_eq!(e.len(), 2);
+        assert_eq!((e[0].image.as_str(), e[0].size), ("a:1", 2));
+        assert_eq!(e[0].mount_path, "/workspace");
+        assert_eq!(e[0].storage_class, "standard");
+        assert_eq!(e[0].workspace_size, "5Gi");
+        assert_eq!(e[1].mount_path, "/w");
+        assert!(
+            Config::default().pool.is_empty(),
+            "the pool is off by default"
+        );
+
+        let mut c = Config::default();
+        c.apply_env(|k| (k == "COMPUTE_POOL").then(|| "reg/x:1=3, y=1".into()));
+        c.validate().unwrap();
+        let e = c.pool_entries();
+        assert_eq!((e[0].image.as_str(), e[0].size), ("reg/x:1", 3));
+        assert_eq!((e[1].image.as_str(), e[1].size), ("y", 1));
+        c.apply_env(|k| (k == "COMPUTE_POOL").then(String::new));
+        assert!(c.pool.is_empty());
+
+        for bad in ["x", "x=0", "=2", "x=1,x=1"] {
+            let mut c = Config::default();
+            c.apply_env(|k| (k == "COMPUTE_POOL").then(|| bad.into()));
+            assert!(c.validate().is_err(), "{bad}");
+        }
+        let mut c = Config {
+            max_sandboxes: 2,
+            ..Default::default()
+        };
+        c.apply_env(|k| (k == "COMPUTE_POOL").then(|| "x=3".into()));
+        assert!(c.validate().is_err(), "a pool over max_sandboxes");
+        let r: Result<Config, _> = toml::from_str("[[pool]]\nimage = \"a\"\nsize = 1\nnope = 1\n");
+        assert!(r.is_err());
     }
 
     #[test]

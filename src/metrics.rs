@@ -93,6 +93,25 @@ pub struct Metrics {
     pub exec_seconds: Histogram,
     /// containerd call errors by operation.
     pub containerd_errors: Family<OpLabels, Counter>,
+    /// READY unclaimed warm-pool members by image.
+    pub pool_sandboxes: Family<ImageLabels, Gauge>,
+    /// CreateSandbox calls that got a pool member (`hit`) or were created cold (`miss`)
+    /// while the node keeps a pool.
+    pub pool_claims: Family<OutcomeLabels, Counter>,
+}
+
+/// Labels of per-image series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImageLabels {
+    /// The image name.
+    pub image: String,
+}
+
+/// Labels of pool claims.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `hit` or `miss`.
+    pub outcome: String,
 }
 
 /// The process-wide metrics.
@@ -114,6 +133,8 @@ impl Metrics {
             execs: Family::default(),
             exec_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 18)),
             containerd_errors: Family::default(),
+            pool_sandboxes: Family::default(),
+            pool_claims: Family::default(),
         };
         let mut r = Registry::with_prefix("compute");
         r.register(
@@ -168,6 +189,16 @@ impl Metrics {
             "containerd call errors by operation",
             m.containerd_errors.clone(),
         );
+        r.register(
+            "pool_sandboxes",
+            "READY unclaimed warm-pool sandboxes by image",
+            m.pool_sandboxes.clone(),
+        );
+        r.register(
+            "pool_claims",
+            "Creates served from the warm pool (hit) or cold (miss)",
+            m.pool_claims.clone(),
+        );
         m.registry = r;
         m
     }
@@ -185,6 +216,24 @@ impl Metrics {
                 method: method.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Records a create on a node with a pool: served by a member or not.
+    pub fn pool_claim(&self, hit: bool) {
+        self.pool_claims
+            .get_or_create(&OutcomeLabels {
+                outcome: if hit { "hit" } else { "miss" }.into(),
+            })
+            .inc();
+    }
+
+    /// Sets the number of READY members of an image's pool.
+    pub fn pool_size(&self, image: &str, n: i64) {
+        self.pool_sandboxes
+            .get_or_create(&ImageLabels {
+                image: image.into(),
+            })
+            .set(n);
     }
 
     /// Records one finished exec.

@@ -283,6 +283,8 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(sandboxes = n, "recovered state from containerd");
     let gc = node.spawn_gc_loop();
     let meter = node.spawn_meter_loop();
+    // Pool members outlive the daemon: the next one's recovery finds them again.
+    let pool = node.spawn_pool_loop();
     let metrics = (!node.config().metrics_listen.is_empty()).then(|| {
         let addr = node.config().metrics_listen.clone();
         tokio::spawn(async move {
@@ -300,6 +302,9 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
         gc.abort();
     }
     meter.abort();
+    if let Some(p) = pool {
+        p.abort();
+    }
     if let Some(m) = metrics {
         m.abort();
     }

@@ -39,6 +39,10 @@ pub struct Persisted {
     pub disk_read: u64,
     /// Likewise for writes.
     pub disk_write: u64,
+    /// The cgroup's CPU counter when usage started (non-zero for a claimed warm-pool member,
+    /// whose cgroup ran before its tenant got it).
+    #[serde(default)]
+    pub cpu_base: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -235,7 +239,7 @@ impl Meter {
         let last = st.last;
         let p = &mut st.persisted;
         if let Some(raw) = last {
-            p.cpu_ns = p.cpu_ns.max(raw.cpu_ns);
+            p.cpu_ns = p.cpu_ns.max(raw.cpu_ns.saturating_sub(p.cpu_base));
             let add = |base: i64, v: u64| (base + v as i64).max(0) as u64;
             p.disk_read = p.disk_read.max(add(p.disk_read_base, raw.read));
             p.disk_write = p.disk_write.max(add(p.disk_write_base, raw.write));
@@ -273,6 +277,22 @@ impl Meter {
             p.span_us += b;
         }
         p
+    }
+
+    /// Starts usage over from zero at the counters' current values (a warm-pool member is
+    /// claimed: what it used while waiting is not its tenant's).
+    pub fn reset(&self) {
+        let raw = self.read_raw();
+        let mut st = self.lock();
+        st.persisted = Persisted {
+            cpu_base: raw.map_or(0, |r| r.cpu_ns),
+            // Same device: its counters now are the zero point.
+            disk_read_base: -(raw.map_or(0, |r| r.read) as i64),
+            disk_write_base: -(raw.map_or(0, |r| r.write) as i64),
+            ..Default::default()
+        };
+        st.lifetime_mem = None;
+        st.last = raw;
     }
 
     /// The workspace's device was attached anew (a new sandbox, or a reattach after a
@@ -382,5 +402,32 @@ mod tests {
         let p = m.persisted();
         assert_eq!(p.cpu_ns, 60_000_000);
         assert!(p.span_us > 0 || p.weighted == 0);
+    }
+
+    #[test]
+    fn reset_starts_usage_from_zero_and_survives_persistence() {
+        let f = Fake::new();
+        let m = f.meter(Persisted::default());
+        f.set(700_000_000, 5000);
+        assert_eq!(m.lifetime().cpu_ms, 700);
+        m.reset();
+        let u = m.lifetime();
+        assert_eq!(u.cpu_ms, 0);
+        assert_eq!(u.disk_read_bytes + u.disk_write_bytes, 0);
+        f.set(730_000_000, 5000);
+        assert_eq!(m.lifetime().cpu_ms, 30);
+        // A restarted daemon continues from the labels with the same base.
+        let p = m.persisted();
+        assert_eq!(p.cpu_base, 700_000_000);
+        let json = serde_json::to_string(&p).unwrap();
+        let m2 = f.meter(serde_json::from_str(&json).unwrap());
+        f.set(750_000_000, 5000);
+        assert_eq!(m2.lifetime().cpu_ms, 50);
+        // Labels written before cpu_base existed still parse.
+        let old: Persisted = serde_json::from_str(
+            r#"{"peak":1,"weighted":0,"span_us":0,"disk_read_base":0,"disk_write_base":0,"cpu_ns":5,"disk_read":0,"disk_write":0}"#,
+        )
+        .unwrap();
+        assert_eq!(old.cpu_base, 0);
     }
 }

@@ -20,6 +20,38 @@ pub enum Error {
         /// What went wrong.
         why: String,
     },
+    /// A cgroup file could not be written.
+    #[error("cgroup file {path}: write {value:?}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What we wrote.
+        value: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// The host limits of a sandbox cgroup, as the OCI spec gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostLimits {
+    /// CFS quota in microseconds per 100 ms period.
+    pub cpu_quota: i64,
+    /// Memory limit in bytes (memory_bytes plus headroom).
+    pub memory_limit: i64,
+    /// pids limit.
+    pub pids_limit: i64,
+}
+
+/// CFS period of every sandbox, in microseconds.
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+fn write_file(path: &Path, value: &str) -> Result<()> {
+    std::fs::write(path, value).map_err(|source| Error::Write {
+        path: path.into(),
+        value: value.into(),
+        source,
+    })
 }
 
 type Result<T> = std::result::Result<T, Error>;
@@ -193,6 +225,77 @@ impl SandboxCgroup {
         }
     }
 
+    /// Changes the limits of a running sandbox's cgroup (a claimed warm-pool member gets the
+    /// limits of its request). Blocks.
+    pub fn set_limits(&self, l: &HostLimits) -> Result<()> {
+        match self.version {
+            CgroupVersion::V1 => {
+                write_file(
+                    &self.file("cpu", "cpu.cfs_period_us"),
+                    &CPU_PERIOD_US.to_string(),
+                )?;
+                write_file(
+                    &self.file("cpu", "cpu.cfs_quota_us"),
+                    &l.cpu_quota.to_string(),
+                )?;
+                // With a memory+swap limit set, memory.limit_in_bytes must stay at or under
+                // it: raise memsw first when growing, lower it last when shrinking.
+                let limit = self.file("memory", "memory.limit_in_bytes");
+                let memsw = self.file("memory", "memory.memsw.limit_in_bytes");
+                let memsw_set = read_u64(&memsw).is_ok_and(|v| v < (1 << 62));
+                let value = l.memory_limit.to_string();
+                if memsw_set {
+                    if write_file(&memsw, &value).is_ok() {
+                        write_file(&limit, &value)?;
+                    } else {
+                        write_file(&limit, &value)?;
+                        write_file(&memsw, &value)?;
+                    }
+                } else {
+                    write_file(&limit, &value)?;
+                }
+                write_file(&self.file("pids", "pids.max"), &l.pids_limit.to_string())
+            }
+            CgroupVersion::V2 => {
+                write_file(
+                    &self.file("cpu", "cpu.max"),
+                    &format!("{} {CPU_PERIOD_US}", l.cpu_quota),
+                )?;
+                write_file(
+                    &self.file("memory", "memory.max"),
+                    &l.memory_limit.to_string(),
+                )?;
+                write_file(&self.file("pids", "pids.max"), &l.pids_limit.to_string())
+            }
+        }
+    }
+
+    /// The limits currently in force (what [`SandboxCgroup::set_limits`] writes).
+    pub fn limits(&self) -> Result<HostLimits> {
+        let max_or = |s: &str| -> i64 { s.trim().parse().unwrap_or(-1) };
+        let read = |p: PathBuf| {
+            std::fs::read_to_string(&p).map_err(|e| Error::Read {
+                path: p,
+                why: e.to_string(),
+            })
+        };
+        match self.version {
+            CgroupVersion::V1 => Ok(HostLimits {
+                cpu_quota: max_or(&read(self.file("cpu", "cpu.cfs_quota_us"))?),
+                memory_limit: max_or(&read(self.file("memory", "memory.limit_in_bytes"))?),
+                pids_limit: max_or(&read(self.file("pids", "pids.max"))?),
+            }),
+            CgroupVersion::V2 => {
+                let cpu = read(self.file("cpu", "cpu.max"))?;
+                Ok(HostLimits {
+                    cpu_quota: max_or(cpu.split_whitespace().next().unwrap_or("")),
+                    memory_limit: max_or(&read(self.file("memory", "memory.max"))?),
+                    pids_limit: max_or(&read(self.file("pids", "pids.max"))?),
+                })
+            }
+        }
+    }
+
     /// One reading of every counter.
     pub fn sample(&self) -> Result<Sample> {
         Ok(Sample {
@@ -306,6 +409,40 @@ mod tests {
         assert_eq!(s.cpu_ns, 1_500_000);
         assert_eq!(s.working_set, 8000);
         assert_eq!(s.peak, 12000);
+    }
+
+    #[test]
+    fn limits_are_written_on_v1_and_v2() {
+        let l = HostLimits {
+            cpu_quota: 25_000,
+            memory_limit: 300 << 20,
+            pids_limit: 64,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for c in ["cpu", "memory", "pids"] {
+            std::fs::create_dir_all(dir.path().join(c).join("compute/a")).unwrap();
+        }
+        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V1, "/compute/a");
+        cg.set_limits(&l).unwrap();
+        assert_eq!(cg.limits().unwrap(), l);
+        let rd = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+        assert_eq!(rd("cpu/compute/a/cpu.cfs_period_us"), "100000");
+        assert_eq!(
+            rd("memory/compute/a/memory.limit_in_bytes"),
+            (300u64 << 20).to_string()
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("compute/a")).unwrap();
+        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V2, "compute/a");
+        cg.set_limits(&l).unwrap();
+        assert_eq!(cg.limits().unwrap(), l);
+        let rd = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+        assert_eq!(rd("compute/a/cpu.max"), "25000 100000");
+
+        // A missing cgroup (the sandbox is gone) is an error, not a silent no-op.
+        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V2, "compute/none");
+        assert!(cg.set_limits(&l).is_err());
     }
 
     #[test]

@@ -97,7 +97,7 @@ impl NodeAdmin for AdminService {
                 workspace_size: sb.workspace.size.clone(),
                 mount_path: sb.workspace.mount_path.clone(),
                 usage: Some(usage.into()),
-                pool: false,
+                pool: sb.pool,
             });
         }
         Ok(Response::new(pb::ListSandboxesResponse { sandboxes: out }))

@@ -43,6 +43,7 @@ impl Node {
     /// The node's capacity report.
     pub fn info(&self, started: SystemTime) -> pb::GetInfoResponse {
         let cfg = self.config();
+        // Pool members count as live: they hold memory, CPU promises and a slot.
         let all = self.list();
         let live: Vec<_> = all
             .iter()
@@ -65,7 +66,11 @@ impl Node {
             node_name,
             live_sandboxes: live.len() as u32,
             known_sandboxes: all.len() as u32,
-            pool_sandboxes: 0,
+            // Members waiting to be claimed (booting ones are not waiting yet).
+            pool_sandboxes: live
+                .iter()
+                .filter(|s| s.pool && s.state().status == SbStatus::Ready)
+                .count() as u32,
             free_memory_bytes: mem_available().saturating_sub(promised_mem),
             free_cpu_millis: cpu_total.saturating_sub(promised_cpu),
             draining: cfg.draining,

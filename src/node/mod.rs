@@ -13,6 +13,7 @@ mod error;
 pub mod exec;
 pub mod gc;
 pub mod info;
+mod pool;
 pub mod service;
 
 use std::collections::HashMap;
@@ -25,7 +26,7 @@ use tracing::{info, instrument, warn};
 
 use crate::config::{parse_size, Config};
 use crate::metering::meter::{Meter, Persisted};
-use crate::metering::{CgroupVersion, SandboxCgroup, Usage};
+use crate::metering::{CgroupVersion, HostLimits, SandboxCgroup, Usage, CPU_PERIOD_US};
 use crate::runtime::{image, spec, Runtime, SandboxLaunch, TaskState};
 use crate::{volume, workspace};
 pub use error::Error;
@@ -135,9 +136,16 @@ pub struct Sandbox {
     pub limits: Limits,
     /// Workspace.
     pub workspace: WorkspaceSpec,
-    state: watch::Sender<State>,
-    /// Serialises provisioning and teardown.
-    ops: tokio::sync::Mutex<()>,
+    /// An unclaimed warm-pool member (it belongs to nobody; tenant and session are empty).
+    pub pool: bool,
+    /// Digest of the image's target when the sandbox was booted (how a claim recognises the
+    /// same image under another name, and a re-imported one as different).
+    pub image_digest: String,
+    /// Shared with the record that replaces this one when a pool member is claimed, so that
+    /// watchers of the member see the claimed sandbox's state.
+    state: Arc<watch::Sender<State>>,
+    /// Serialises provisioning, claiming and teardown (shared like `state`).
+    ops: Arc<tokio::sync::Mutex<()>>,
     /// The sandbox's meter.
     pub meter: Arc<Meter>,
 }
@@ -188,6 +196,8 @@ impl Sandbox {
             (label("storage-class"), self.workspace.storage_class.clone()),
             (label("workspace-size"), self.workspace.size.clone()),
             (label("mount-path"), self.workspace.mount_path.clone()),
+            (label("pool"), self.pool.to_string()),
+            (label("image-digest"), self.image_digest.clone()),
         ])
     }
 
@@ -211,10 +221,19 @@ impl Sandbox {
             Some("failed") => (Status::Failed, get("reason").unwrap_or_default()),
             _ => (Status::Starting, String::new()),
         };
+        // containerd drops labels with empty values: a pool member has no tenant or session.
+        let pool = get("pool").as_deref() == Some("true");
+        let owner = |k: &str| {
+            if pool {
+                Some(get(k).unwrap_or_default())
+            } else {
+                get(k)
+            }
+        };
         Some(Sandbox {
             id: id.to_string(),
-            tenant_id: get("tenant-id")?,
-            session_id: get("session-id")?,
+            tenant_id: owner("tenant-id")?,
+            session_id: owner("session-id")?,
             image: get("image")?,
             created_at,
             limits,
@@ -223,13 +242,17 @@ impl Sandbox {
                 size: get("workspace-size")?,
                 mount_path: get("mount-path")?,
             },
-            state: watch::channel(State {
-                status,
-                reason,
-                final_usage: None,
-            })
-            .0,
-            ops: tokio::sync::Mutex::new(()),
+            pool,
+            image_digest: get("image-digest").unwrap_or_default(),
+            state: Arc::new(
+                watch::channel(State {
+                    status,
+                    reason,
+                    final_usage: None,
+                })
+                .0,
+            ),
+            ops: Arc::default(),
             meter: meter(
                 get("usage")
                     .and_then(|u| serde_json::from_str(&u).ok())
@@ -279,6 +302,8 @@ struct Inner {
     cgroup_version: CgroupVersion,
     table: Mutex<Table>,
     helpers_dir: Option<PathBuf>,
+    /// Wakes the warm pool's refill loop (after a claim).
+    pool_wake: tokio::sync::Notify,
 }
 
 /// The node: sandboxes on this machine.
@@ -414,6 +439,7 @@ impl Node {
                 cgroup_version,
                 table: Mutex::new(Table::default()),
                 helpers_dir,
+                pool_wake: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -449,17 +475,18 @@ impl Node {
         self.inner.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Looks a sandbox up by id.
+    /// Looks a sandbox up by id. Unclaimed warm-pool members belong to nobody: NOT_FOUND.
     pub fn get(&self, id: &str) -> Result<Arc<Sandbox>> {
         let id = parse_id(id)?;
         self.table()
             .by_id
             .get(&id)
+            .filter(|sb| !sb.pool)
             .cloned()
             .ok_or(Error::NotFound(id))
     }
 
-    /// Every sandbox the node knows, destroyed ones included.
+    /// Every sandbox the node knows, destroyed ones and warm-pool members included.
     pub fn list(&self) -> Vec<Arc<Sandbox>> {
         let mut v: Vec<_> = self.table().by_id.values().cloned().collect();
         v.sort_by_key(|s| s.created_at);
@@ -597,34 +624,68 @@ impl Node {
         } else {
             req.image.clone()
         };
+        let workspace = WorkspaceSpec {
+            storage_class,
+            size,
+            mount_path,
+        };
 
         let session_key = (req.tenant_id.clone(), req.session_id.clone());
-        let sb = {
-            let mut t = self.table();
-            if let Some(existing) = t
-                .by_session
+        let live_session = |t: &Table| {
+            t.by_session
                 .get(&session_key)
                 .and_then(|id| t.by_id.get(id))
-            {
-                if matches!(existing.state().status, Status::Starting | Status::Ready) {
-                    return Ok(existing.clone());
-                }
+                .filter(|sb| matches!(sb.state().status, Status::Starting | Status::Ready))
+                .cloned()
+        };
+        {
+            let t = self.table();
+            if let Some(existing) = live_session(&t) {
+                return Ok(existing);
             }
             if cfg.draining {
                 return Err(Error::Unavailable(
                     "node is draining: it takes no new sandboxes".into(),
                 ));
             }
-            let live = t
+        }
+        // Warm path: a pool member that fits, READY at once.
+        match self.claim(&req, &image, limits, &workspace).await? {
+            pool::Claim::Claimed(sb) | pool::Claim::Existing(sb) => return Ok(sb),
+            pool::Claim::Miss => {}
+        }
+        let mut evicted = None;
+        let sb = {
+            let mut t = self.table();
+            if let Some(existing) = live_session(&t) {
+                return Ok(existing);
+            }
+            if cfg.draining {
+                return Err(Error::Unavailable(
+                    "node is draining: it takes no new sandboxes".into(),
+                ));
+            }
+            // Pool members count toward the maximum, but a tenant's sandbox comes first: at
+            // the maximum, one member (the youngest) makes room.
+            let live: Vec<&Arc<Sandbox>> = t
                 .by_id
                 .values()
                 .filter(|s| matches!(s.state().status, Status::Starting | Status::Ready))
-                .count();
-            if live >= cfg.max_sandboxes as usize {
-                return Err(Error::ResourceExhausted(format!(
-                    "node is at its maximum of {} sandboxes",
-                    cfg.max_sandboxes
-                )));
+                .collect();
+            if live.len() >= cfg.max_sandboxes as usize {
+                let Some(member) = live
+                    .iter()
+                    .filter(|s| s.pool)
+                    .max_by_key(|s| s.created_at)
+                    .map(|s| (*s).clone())
+                else {
+                    return Err(Error::ResourceExhausted(format!(
+                        "node is at its maximum of {} sandboxes",
+                        cfg.max_sandboxes
+                    )));
+                };
+                t.by_id.remove(&member.id);
+                evicted = Some(member);
             }
             let id = uuid::Uuid::new_v4().to_string();
             let sb = Arc::new(Sandbox {
@@ -634,24 +695,29 @@ impl Node {
                 image,
                 created_at: SystemTime::now(),
                 limits,
-                workspace: WorkspaceSpec {
-                    storage_class,
-                    size,
-                    mount_path,
-                },
-                state: watch::channel(State {
-                    status: Status::Starting,
-                    reason: String::new(),
-                    final_usage: None,
-                })
-                .0,
-                ops: tokio::sync::Mutex::new(()),
+                workspace,
+                pool: false,
+                image_digest: String::new(),
+                state: Arc::new(
+                    watch::channel(State {
+                        status: Status::Starting,
+                        reason: String::new(),
+                        final_usage: None,
+                    })
+                    .0,
+                ),
+                ops: Arc::default(),
                 meter: self.meter_for(&id, Persisted::default()),
             });
             t.by_session.insert(session_key.clone(), sb.id.clone());
             t.by_id.insert(sb.id.clone(), sb.clone());
             sb
         };
+        if let Some(member) = evicted {
+            info!(sandbox_id = %member.id, "pool member makes room for a cold create");
+            let node = self.clone();
+            tokio::spawn(async move { node.retire(member).await });
+        }
         // The record goes to containerd before we answer, so a restart right after still knows
         // the sandbox. Holding `ops` keeps a racing Destroy out until provisioning is done.
         let guard = sb.ops.lock().await;
@@ -744,6 +810,7 @@ impl Node {
             ]
         };
         let short = &sb.id[..8];
+        let host = self.host_limits(&sb.limits);
         spec::sandbox_spec(&spec::SandboxSpec {
             hostname: format!("sandbox-{short}"),
             init_args,
@@ -752,12 +819,24 @@ impl Node {
             mount_path: &sb.workspace.mount_path,
             helpers_dir: self.inner.helpers_dir.as_deref(),
             cgroups_path: self.cgroups_path(&sb.id),
-            cpu_quota: i64::from(sb.limits.cpu_millis) * 100,
-            memory_limit: (sb.limits.memory_bytes
-                + cfg.memory_headroom_bytes.max(sb.limits.memory_bytes / 4))
+            cpu_quota: host.cpu_quota,
+            memory_limit: host.memory_limit,
+            pids_limit: host.pids_limit,
+        })
+    }
+
+    /// The host cgroup limits of a sandbox with `limits`: the CFS quota of its millicores, and
+    /// its memory plus headroom for the sentry and gofer (memory_bytes itself is enforced per
+    /// exec).
+    fn host_limits(&self, limits: &Limits) -> HostLimits {
+        let cfg = &self.inner.cfg;
+        HostLimits {
+            cpu_quota: i64::from(limits.cpu_millis) * (CPU_PERIOD_US as i64 / 1000),
+            memory_limit: (limits.memory_bytes
+                + cfg.memory_headroom_bytes.max(limits.memory_bytes / 4))
                 as i64,
             pids_limit: cfg.pids_limit,
-        })
+        }
     }
 
     fn spawn_provision(&self, sb: Arc<Sandbox>) {
@@ -931,7 +1010,8 @@ impl Node {
                 let metrics = &crate::metrics::METRICS;
                 for (sb, u) in live.iter().zip(usages.iter()) {
                     // A sandbox destroyed meanwhile has had its series removed: keep it so.
-                    if sb.state().status != Status::Destroyed {
+                    // Pool members belong to nobody: no tenant series (yet).
+                    if sb.state().status != Status::Destroyed && !sb.pool {
                         metrics.sandbox_usage(&sb.metric_labels(), u);
                     }
                 }
@@ -942,7 +1022,7 @@ impl Node {
                     ("DESTROYED", 0),
                 ]
                 .into();
-                for sb in node.list() {
+                for sb in node.list().iter().filter(|sb| !sb.pool) {
                     *by_status.entry(sb.state().status.word()).or_default() += 1;
                 }
                 for (status, n) in by_status {
@@ -958,7 +1038,8 @@ impl Node {
                 }
                 last_persist = std::time::Instant::now();
                 persisted.retain(|id, _| live.iter().any(|sb| &sb.id == id));
-                for sb in &live {
+                // A pool member's usage is reset when it is claimed: nothing to keep.
+                for sb in live.iter().filter(|sb| !sb.pool) {
                     let meter = sb.meter.clone();
                     let Ok(p) = blocking(move || meter.persisted()).await else {
                         continue;
@@ -1110,8 +1191,10 @@ impl Node {
             }
             {
                 let mut t = self.table();
-                t.by_session
-                    .insert((sb.tenant_id.clone(), sb.session_id.clone()), sb.id.clone());
+                if !sb.pool {
+                    t.by_session
+                        .insert((sb.tenant_id.clone(), sb.session_id.clone()), sb.id.clone());
+                }
                 t.by_id.insert(sb.id.clone(), sb.clone());
             }
             match sb.state().status {
@@ -1124,7 +1207,10 @@ impl Node {
                 }
                 _ => {}
             }
-            self.spawn_deadline(sb);
+            // Pool members have no deadline until claimed.
+            if !sb.pool {
+                self.spawn_deadline(sb);
+            }
             n += 1;
         }
         // Tombstones of destroyed sandboxes, for Describe and idempotent Destroy until GC.
@@ -1146,13 +1232,17 @@ impl Node {
                 created_at,
                 limits: tomb.limits,
                 workspace: tomb.workspace,
-                state: watch::channel(State {
-                    status: Status::Destroyed,
-                    reason: tomb.reason,
-                    final_usage: Some(tomb.usage),
-                })
-                .0,
-                ops: tokio::sync::Mutex::new(()),
+                pool: false,
+                image_digest: String::new(),
+                state: Arc::new(
+                    watch::channel(State {
+                        status: Status::Destroyed,
+                        reason: tomb.reason,
+                        final_usage: Some(tomb.usage),
+                    })
+                    .0,
+                ),
+                ops: Arc::default(),
                 meter: self.meter_for(&tomb.id, Persisted::default()),
             };
             t.by_id.insert(tomb.id, Arc::new(sb));
@@ -1260,13 +1350,17 @@ mod tests {
                 size: "1Gi".into(),
                 mount_path: "/w".into(),
             },
-            state: watch::channel(State {
-                status: Status::Starting,
-                reason: String::new(),
-                final_usage: None,
-            })
-            .0,
-            ops: tokio::sync::Mutex::new(()),
+            pool: true,
+            image_digest: "sha256:abc".into(),
+            state: Arc::new(
+                watch::channel(State {
+                    status: Status::Starting,
+                    reason: String::new(),
+                    final_usage: None,
+                })
+                .0,
+            ),
+            ops: Arc::default(),
             meter: meter(Persisted::default()),
         };
         let mut l = sb.labels();
@@ -1286,11 +1380,25 @@ mod tests {
         assert_eq!(back.workspace, sb.workspace);
         assert_eq!(back.created_at, sb.created_at);
         assert_eq!(back.state().status, Status::Starting);
+        assert!(back.pool);
+        assert_eq!(back.image_digest, "sha256:abc");
+        // As containerd stores it: no empty labels.
+        let mut member = l.clone();
+        member.insert(label("tenant-id"), String::new());
+        member.retain(|_, v| !v.is_empty());
+        let back = Sandbox::from_labels(&sb.id, &member, meter).unwrap();
+        assert!(back.pool && back.tenant_id.is_empty());
         l.insert(label("status"), "failed".into());
         l.insert(label("reason"), "boom".into());
         let back = Sandbox::from_labels(&sb.id, &l, meter).unwrap();
         assert_eq!(back.state().status, Status::Failed);
         assert_eq!(back.state().reason, "boom");
+        // Records written before the pool existed are ordinary sandboxes.
+        l.remove(&label("pool"));
+        l.remove(&label("image-digest"));
+        let back = Sandbox::from_labels(&sb.id, &l, meter).unwrap();
+        assert!(!back.pool);
+        assert!(back.image_digest.is_empty());
         assert!(Sandbox::from_labels("x", &HashMap::new(), meter).is_none());
     }
 }

@@ -282,7 +282,9 @@ impl Router {
             .filter(|(n, i)| {
                 !i.draining
                     && !n.cordoned
-                    && (i.max_sandboxes == 0 || i.live_sandboxes < i.max_sandboxes)
+                    && (i.max_sandboxes == 0
+                        // A node gives a pool member up for a tenant's sandbox.
+                        || i.live_sandboxes.saturating_sub(i.pool_sandboxes) < i.max_sandboxes)
                     && i.free_memory_bytes >= memory
             })
             .map(|(n, _)| (score(&key, &n.name), n))
@@ -433,7 +435,7 @@ mod tests {
     }
 
     #[test]
-    fn placement_skips_draining_cordoned_full_and_stale_nodes() {
+    fn placement_skips_draining_cordoned_full_and_stale_nodes_not_pooled_ones() {
         let mut set = NodeSet::new();
         for (name, cordoned) in [
             ("ok1", false),
@@ -441,6 +443,7 @@ mod tests {
             ("drain", false),
             ("cordon", true),
             ("full", false),
+            ("pooled", false),
             ("small", false),
             ("stale", false),
         ] {
@@ -466,6 +469,14 @@ mod tests {
             h.insert("drain".into(), fresh(info("drain", true, 0, 8 << 30)));
             h.insert("cordon".into(), fresh(info("cordon", false, 0, 8 << 30)));
             h.insert("full".into(), fresh(info("full", false, 10, 8 << 30)));
+            // At its maximum, but two of its ten are warm-pool members it gives up.
+            h.insert(
+                "pooled".into(),
+                fresh(GetInfoResponse {
+                    pool_sandboxes: 2,
+                    ..info("pooled", false, 10, 8 << 30)
+                }),
+            );
             h.insert("small".into(), fresh(info("small", false, 0, 100 << 20)));
             h.insert(
                 "stale".into(),
@@ -479,7 +490,10 @@ mod tests {
             let p = r.placement("t", &format!("s{i}"), 1 << 30);
             let names: Vec<_> = p.iter().map(|n| n.name.as_str()).collect();
             assert!(
-                names.len() == 2 && names.contains(&"ok1") && names.contains(&"ok2"),
+                names.len() == 3
+                    && names.contains(&"ok1")
+                    && names.contains(&"ok2")
+                    && names.contains(&"pooled"),
                 "{names:?}"
             );
             // The same session always gets the same first choice.
