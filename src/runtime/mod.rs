@@ -94,6 +94,12 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
     let bin_dir = cfg.state_dir.join("bin");
     std::fs::create_dir_all(&bin_dir).map_err(io_err("create", &bin_dir))?;
     let mut flags: Vec<String> = vec!["--network=none".into()];
+    // Writes to the image's root filesystem stay in the sandbox's memory (counted against its
+    // memory limit), not in the snapshot on the host's disk, where nothing would cap them.
+    // The workspace bind mount is not overlaid: it stays shared with the host.
+    if !cfg.runsc_flags.iter().any(|f| f.starts_with("--overlay")) {
+        flags.push("--overlay2=root:memory".into());
+    }
     if !cfg.runsc_platform.is_empty() {
         flags.push(format!("--platform={}", cfg.runsc_platform));
     }
