@@ -125,6 +125,14 @@ pub struct Config {
     pub admin_tcp: bool,
     /// Group that owns the unix socket (mode 0660); empty keeps root's group.
     pub socket_group: String,
+    /// PEM certificate chain of the TCP listener; with `tls_key`, the TCP listener speaks TLS
+    /// (rustls). Empty: plain HTTP/2. The unix socket never uses TLS.
+    pub tls_cert: PathBuf,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: PathBuf,
+    /// PEM CA bundle: when set (with `tls_cert` and `tls_key`), the TCP listener requires every
+    /// client, gRPC health included, to present a certificate signed by it (mutual TLS).
+    pub tls_client_ca: PathBuf,
     /// Run the in-sandbox agent as every sandbox's init and send execs through it (fast path,
     /// on by default; `COMPUTE_AGENT`); execs fall back to containerd exec while it is not
     /// attached, and every exec does when this is off or the binary is missing.
@@ -232,6 +240,9 @@ impl Default for Config {
             worker_wait_ms: 0,
             admin_tcp: false,
             socket_group: String::new(),
+            tls_cert: PathBuf::new(),
+            tls_key: PathBuf::new(),
+            tls_client_ca: PathBuf::new(),
             node_name: String::new(),
             draining: false,
             max_sandboxes: 200,
@@ -442,6 +453,16 @@ impl Config {
                 self.max_sandboxes
             ));
         }
+        let set = |p: &PathBuf| !p.as_os_str().is_empty();
+        if set(&self.tls_cert) != set(&self.tls_key) {
+            return bad("tls_cert and tls_key go together".into());
+        }
+        if set(&self.tls_client_ca) && !set(&self.tls_cert) {
+            return bad("tls_client_ca needs tls_cert and tls_key".into());
+        }
+        if set(&self.tls_cert) && self.listen.is_empty() {
+            return bad("tls_cert is set but there is no TCP listener".into());
+        }
         Ok(())
     }
 
@@ -571,5 +592,23 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn tls_settings_must_be_complete() {
+        let ok: Config = toml::from_str(
+            "tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\ntls_client_ca = \"/ca.pem\"",
+        )
+        .unwrap();
+        ok.validate().unwrap();
+        for bad in [
+            "tls_cert = \"/c.pem\"",
+            "tls_key = \"/k.pem\"",
+            "tls_client_ca = \"/ca.pem\"",
+            "tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\nlisten = \"\"",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.validate().is_err(), "{bad}");
+        }
     }
 }

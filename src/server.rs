@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::Server;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::api::compute::v1::compute_service_server::ComputeServiceServer;
@@ -23,6 +23,9 @@ pub enum Error {
         /// The error.
         source: std::io::Error,
     },
+    /// The TLS files could not be read.
+    #[error("tls: {0}")]
+    Tls(String),
     /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(String),
@@ -112,30 +115,45 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
 
+    // One set of services, served twice: on TCP (TLS when configured; NodeAdmin only with
+    // admin_tcp) and on the unix socket (plain, always with NodeAdmin).
     // Flow-control windows sized for WriteFile/ReadFile's 16 MiB messages: with HTTP/2's
     // default 64 KiB a 16 MiB message waits for hundreds of WINDOW_UPDATE round trips.
-    let router = Server::builder()
-        .initial_stream_window_size(Some(WINDOW))
-        .initial_connection_window_size(Some(2 * WINDOW))
-        // 1 MiB frames: a 16 MiB message in 16 frames, not 1024.
-        .max_frame_size(Some(1 << 20))
-        .layer(tower::util::MapResponseLayer::new(
-            undecodable_is_invalid_argument as fn(_) -> _,
-        ))
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(info)
-        .add_service(relay_worker)
-        .add_service(relay_exec)
-        .add_service(svc);
-    // The admin service is always on the unix socket; on TCP only when configured.
-    let with_admin = router.clone().add_service(admin);
-    let tcp_router = if cfg.admin_tcp {
-        with_admin.clone()
-    } else {
-        router
+    let routes = |server: Server| {
+        server
+            .initial_stream_window_size(Some(WINDOW))
+            .initial_connection_window_size(Some(2 * WINDOW))
+            // 1 MiB frames: a 16 MiB message in 16 frames, not 1024.
+            .max_frame_size(Some(1 << 20))
+            .layer(tower::util::MapResponseLayer::new(
+                undecodable_is_invalid_argument as fn(_) -> _,
+            ))
+            .add_service(health.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
+            .add_service(info.clone())
+            .add_service(relay_worker.clone())
+            .add_service(relay_exec.clone())
+            .add_service(svc.clone())
     };
+    let tcp_server = match tls_config(&cfg)? {
+        Some(tls) => {
+            info!(
+                client_auth = !cfg.tls_client_ca.as_os_str().is_empty(),
+                "TCP listener uses TLS"
+            );
+            Server::builder()
+                .tls_config(tls)
+                .map_err(|e| Error::Tls(e.to_string()))?
+        }
+        None => Server::builder(),
+    };
+    let tcp_router = if cfg.admin_tcp {
+        routes(tcp_server).add_service(admin.clone())
+    } else {
+        routes(tcp_server)
+    };
+    let with_admin = routes(Server::builder()).add_service(admin);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -179,6 +197,23 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// The TCP listener's TLS settings: none without `tls_cert`; with `tls_client_ca`, client
+/// certificates signed by that CA are required (tonic rejects a handshake without one).
+pub fn tls_config(cfg: &crate::config::Config) -> Result<Option<ServerTlsConfig>, Error> {
+    if cfg.tls_cert.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let read = |p: &Path| std::fs::read(p).map_err(|e| Error::Tls(format!("{}: {e}", p.display())));
+    let identity = Identity::from_pem(read(&cfg.tls_cert)?, read(&cfg.tls_key)?);
+    let mut tls = ServerTlsConfig::new().identity(identity);
+    if !cfg.tls_client_ca.as_os_str().is_empty() {
+        tls = tls
+            .client_ca_root(Certificate::from_pem(read(&cfg.tls_client_ca)?))
+            .client_auth_optional(false);
+    }
+    Ok(Some(tls))
 }
 
 /// A request that does not decode (e.g. a string field holding invalid UTF-8) is the caller's

@@ -263,6 +263,8 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
 }
 
 async fn run_node(cfg: Config) -> anyhow::Result<()> {
+    // Unreadable TLS files stop the node before it touches anything.
+    computed::server::tls_config(&cfg)?;
     let ctr = Containerd::connect(&cfg.containerd_socket, &cfg.namespace).await?;
     let choice = runtime::choose_runtime(&cfg)?;
     tracing::info!(runtime = %choice.name, kind = ?choice.kind, "runtime selected");

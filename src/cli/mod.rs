@@ -61,6 +61,15 @@ pub struct Target {
     /// A TCP address instead (`host:port`; the router works for ComputeService verbs).
     #[arg(long, global = true, env = "COMPUTE_ADDR")]
     pub addr: Option<String>,
+    /// With `--addr`: speak TLS and trust this PEM CA for the server's certificate.
+    #[arg(long, global = true, env = "COMPUTE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// With `--addr` and TLS: present this PEM client certificate (mutual TLS).
+    #[arg(long, global = true, env = "COMPUTE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, global = true, env = "COMPUTE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
     pub output: Output,
@@ -70,13 +79,19 @@ impl Target {
     /// A channel to the node (or router).
     pub async fn channel(&self) -> anyhow::Result<Channel> {
         if let Some(addr) = &self.addr {
+            let tls = self.tls_ca.is_some() || self.tls_cert.is_some();
             let url = if addr.contains("://") {
                 addr.clone()
+            } else if tls {
+                format!("https://{addr}")
             } else {
                 format!("http://{addr}")
             };
-            return Endpoint::from_shared(url)?
-                .connect_timeout(Duration::from_secs(5))
+            let mut ep = Endpoint::from_shared(url)?.connect_timeout(Duration::from_secs(5));
+            if tls || addr.starts_with("https://") {
+                ep = ep.tls_config(self.client_tls()?)?;
+            }
+            return ep
                 .connect()
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot reach {addr}: {e}"));
@@ -96,6 +111,21 @@ impl Target {
             .map_err(|e| {
                 anyhow::anyhow!("cannot reach the node at {shown}: {e} (is `computed node` running? try `computectl doctor`)")
             })
+    }
+
+    fn client_tls(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))
+        };
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &self.tls_ca {
+            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        Ok(tls)
     }
 
     /// A ComputeService client.
