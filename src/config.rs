@@ -143,6 +143,10 @@ pub struct Config {
     pub agent_binary: PathBuf,
     /// Most concurrent execs the agent runs per sandbox.
     pub agent_capacity: u32,
+    /// Most concurrent ExecCommand streams per sandbox (0 = unlimited); one more is
+    /// RESOURCE_EXHAUSTED, as the relay's capacity_max (no queueing). Each containerd exec is a
+    /// `runsc exec` process on the host: without a bound, one client could start thousands.
+    pub max_execs_per_sandbox: u32,
     /// A relay worker silent this long (no frame, no heartbeat) is dropped, in milliseconds.
     pub worker_heartbeat_timeout_ms: u64,
     /// How long a relay Exec waits for a worker to attach, in milliseconds (0: UNAVAILABLE
@@ -236,6 +240,7 @@ impl Default for Config {
             agent: true,
             agent_binary: PathBuf::new(),
             agent_capacity: 64,
+            max_execs_per_sandbox: 64,
             worker_heartbeat_timeout_ms: 10_000,
             worker_wait_ms: 0,
             admin_tcp: false,

@@ -218,21 +218,26 @@ pub fn tls_config(cfg: &crate::config::Config) -> Result<Option<ServerTlsConfig>
 
 /// A request that does not decode (e.g. a string field holding invalid UTF-8) is the caller's
 /// error: tonic answers INTERNAL, as gRPC's table does for parse errors; we answer
-/// INVALID_ARGUMENT, the code our API gives every other malformed input.
+/// INVALID_ARGUMENT, the code our API gives every other malformed input. A request over the
+/// message size cap is RESOURCE_EXHAUSTED, as gRPC specifies; tonic answers OUT_OF_RANGE.
 fn undecodable_is_invalid_argument(
     mut resp: http::Response<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let h = resp.headers();
-    let internal = h.get("grpc-status").is_some_and(|v| v == "13");
-    let decode = h
+    let status = h.get("grpc-status").and_then(|v| v.to_str().ok());
+    let message = h
         .get("grpc-message")
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|m| {
-            m.starts_with("failed%20to%20decode") || m.starts_with("failed to decode")
-        });
-    if internal && decode {
+        .unwrap_or("")
+        .replace("%20", " ");
+    let new = match status {
+        Some("13") if message.starts_with("failed to decode") => Some("3"),
+        Some("11") if message.starts_with("Error, decoded message length too large") => Some("8"),
+        _ => None,
+    };
+    if let Some(code) = new {
         resp.headers_mut()
-            .insert("grpc-status", http::HeaderValue::from_static("3"));
+            .insert("grpc-status", http::HeaderValue::from_static(code));
     }
     resp
 }

@@ -144,6 +144,11 @@ async fn pump(
     }
 }
 
+/// Most bytes of command, args and env one exec may carry (Linux's execve takes ~2 MiB with
+/// an 8 MiB stack; containerd's Tasks.Exec takes 4 MiB of JSON): over it is INVALID_ARGUMENT
+/// rather than a failure deep in the runtime.
+pub const MAX_ARGV_ENV_BYTES: usize = 1 << 20;
+
 impl Node {
     /// Sends `sig` to an exec's process (and its process group) inside the sandbox, by running
     /// `kill` in the sandbox; without a known pid, signals the host-side exec process instead.
@@ -184,6 +189,18 @@ impl Node {
             return Err(Error::InvalidArgument(
                 "command, args and env must not contain NUL, and env names no '='".into(),
             ));
+        }
+        let size = req.command.len()
+            + req.args.iter().map(|a| a.len() + 1).sum::<usize>()
+            + req
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>();
+        if size > MAX_ARGV_ENV_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "command, args and env take {size} bytes, over the limit of {MAX_ARGV_ENV_BYTES}"
+            )));
         }
         if !req.working_dir.is_empty() && !req.working_dir.starts_with('/') {
             return Err(Error::InvalidArgument(

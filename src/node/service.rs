@@ -1,10 +1,12 @@
 //! The gRPC ComputeService of one node. Handlers read: `into_inner` → domain call → `?`.
 
+use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use futures::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
@@ -19,12 +21,41 @@ use crate::metrics::observe;
 #[derive(Clone)]
 pub struct Service {
     node: Node,
+    /// Running ExecCommand streams per sandbox (`max_execs_per_sandbox`).
+    execs: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
 }
 
 impl Service {
     /// Serves `node`.
     pub fn new(node: Node) -> Self {
-        Self { node }
+        Self {
+            node,
+            execs: Default::default(),
+        }
+    }
+
+    /// A slot for one more exec in sandbox `id`, held until the exec has ended and been
+    /// cleaned up; RESOURCE_EXHAUSTED when the sandbox is at `max_execs_per_sandbox`.
+    fn exec_slot(&self, id: &str) -> Result<Option<OwnedSemaphorePermit>, super::Error> {
+        let cap = self.node.config().max_execs_per_sandbox as usize;
+        if cap == 0 {
+            return Ok(None);
+        }
+        let sem = {
+            let mut m = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+            // Forget idle sandboxes now and then (destroyed ones, mostly).
+            if m.len() > 1024 {
+                m.retain(|_, s| s.available_permits() < cap);
+            }
+            m.entry(id.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(cap)))
+                .clone()
+        };
+        sem.try_acquire_owned().map(Some).map_err(|_| {
+            super::Error::ResourceExhausted(format!(
+                "sandbox {id} is at its limit of {cap} concurrent execs"
+            ))
+        })
     }
 }
 
@@ -105,9 +136,13 @@ impl ComputeService for Service {
             let id = req.sandbox_id.clone();
             let ereq = convert::exec_request(req)?;
             let sb = self.node.exec_prepare(&id, &ereq).await?;
+            let slot = self.exec_slot(&sb.id)?;
             let (tx, rx) = mpsc::channel(64);
             let node = self.node.clone();
-            tokio::spawn(async move { node.exec(sb, ereq, tx).await });
+            tokio::spawn(async move {
+                node.exec(sb, ereq, tx).await;
+                drop(slot);
+            });
             let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(convert::exec_event);
             let stream: Self::ExecCommandStream = Box::pin(stream);
             Ok(Response::new(stream))
