@@ -323,9 +323,22 @@ async fn disk_fill_is_enospc_inside_only() {
         .parse()
         .unwrap();
     assert!(size <= 64 << 20, "{size}");
-    // The host partition lost at most the volume's cap (sparse image).
-    let lost = host_free.saturating_sub(free_bytes(&d.state_dir()));
-    assert!(lost < 96 << 20, "host partition lost {lost} bytes");
+    // On the host, the volume image holds at most its cap (it is sparse; the partition's free
+    // space is shared with everything else on the machine, so it is only printed).
+    let img = d
+        .state_dir()
+        .join("workspaces")
+        .join(&id)
+        .join("volume.ext4");
+    let allocated = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&img).unwrap()) * 512;
+    eprintln!(
+        "volume image {allocated} bytes; host partition lost {} bytes meanwhile",
+        host_free.saturating_sub(free_bytes(&d.state_dir()))
+    );
+    assert!(
+        allocated <= (64 << 20) + (8 << 20),
+        "volume image {allocated} bytes"
+    );
     // The sandbox still works and can free its space.
     sh(
         &mut c,

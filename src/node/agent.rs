@@ -330,6 +330,19 @@ impl Node {
             }
         };
         let wall_time = started.elapsed();
+        if oom {
+            // As on the containerd path: gVisor returns the killed processes' memory to the
+            // host shortly after; wait for that so the next exec does not start over the
+            // limit (and get killed at its first sample).
+            let settle = Instant::now();
+            while settle.elapsed() < Duration::from_secs(5) {
+                let cg = self.cgroup(&sb.id);
+                match blocking(move || cg.working_set()).await {
+                    Ok(Ok(ws)) if ws > limit => tokio::time::sleep(Duration::from_millis(50)).await,
+                    _ => break,
+                }
+            }
+        }
         let m = sb.meter.clone();
         let usage = blocking(move || m.end_exec(meter_id)).await?;
         let exit_code = if cancelled {
