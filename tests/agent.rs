@@ -243,7 +243,7 @@ async fn the_static_agent_serves_an_image_without_libc() {
 
     let d = start("agent-nolibc", "");
     let tar = image_without_libc(d.dir.path());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_computed"))
+    let out = computed_command()
         .arg("--config")
         .arg(&d.config)
         .args(["image", "import"])

@@ -45,6 +45,36 @@ pub fn agent_binary() -> PathBuf {
         })
 }
 
+/// Environment variables that override a daemon's config file (`Config::apply_env`).
+pub const CONFIG_ENV: &[&str] = &[
+    "COMPUTE_CONFIG",
+    "COMPUTE_LISTEN",
+    "COMPUTE_SOCKET",
+    "COMPUTE_METRICS_LISTEN",
+    "CONTAINERD_ADDRESS",
+    "COMPUTE_STATE_DIR",
+    "COMPUTE_RUN_DIR",
+    "COMPUTE_NAMESPACE",
+    "COMPUTE_NODE_NAME",
+    "COMPUTE_DRAINING",
+    "SANDBOX_IMAGE",
+    "PVC_STORAGE_CLASS",
+    "PVC_WORKSPACE_SIZE",
+    "COMPUTE_AGENT",
+    "COMPUTE_AGENT_BINARY",
+    "COMPUTE_POOL",
+];
+
+/// `computed` with none of the environment overrides: the config file a test writes is the
+/// whole configuration (scripts/test exports CONTAINERD_ADDRESS, for one).
+pub fn computed_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_computed"));
+    for k in CONFIG_ENV {
+        c.env_remove(k);
+    }
+    c
+}
+
 /// The image name the harness imports.
 pub const IMAGE: &str = "compute.local/sandbox-python:latest";
 
@@ -169,7 +199,7 @@ pub fn start_with(name: &str, extra_config: &str, opts: Options) -> Daemon {
     );
     std::fs::write(&config, toml).unwrap();
     // Import the default image into this daemon's namespace.
-    let out = Command::new(env!("CARGO_BIN_EXE_computed"))
+    let out = computed_command()
         .args(["--config"])
         .arg(&config)
         .args(["image", "import"])
@@ -207,14 +237,11 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_computed"))
+        let child = computed_command()
             .arg("--config")
             .arg(&self.config)
             .arg("node")
             .env("RUST_LOG", "info,computed=debug")
-            // The config file written above is the whole configuration.
-            .env_remove("COMPUTE_AGENT_BINARY")
-            .env_remove("COMPUTE_AGENT")
             .stdout(Stdio::null())
             .stderr(logf)
             .spawn()
