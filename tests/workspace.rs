@@ -802,7 +802,14 @@ async fn soft_delete_then_gc_after_the_grace_period() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(d2.log_text().contains("GC freed workspace"));
+    // The log line follows the deletion.
+    while !d2.log_text().contains("GC freed workspace") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "GC freed the workspace without logging it"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let r = c2
         .describe_sandbox(pb::DescribeSandboxRequest {
             sandbox_id: id2.clone(),
