@@ -120,6 +120,20 @@ pub struct State {
     pub final_usage: Option<Usage>,
 }
 
+impl State {
+    /// The state channel of a sandbox that is starting.
+    fn starting() -> Arc<watch::Sender<State>> {
+        Arc::new(
+            watch::channel(State {
+                status: Status::Starting,
+                reason: String::new(),
+                final_usage: None,
+            })
+            .0,
+        )
+    }
+}
+
 /// One sandbox.
 pub struct Sandbox {
     /// Sandbox id (a UUID; also the containerd container id).
@@ -698,14 +712,7 @@ impl Node {
                 workspace,
                 pool: false,
                 image_digest: String::new(),
-                state: Arc::new(
-                    watch::channel(State {
-                        status: Status::Starting,
-                        reason: String::new(),
-                        final_usage: None,
-                    })
-                    .0,
-                ),
+                state: State::starting(),
                 ops: Arc::default(),
                 meter: self.meter_for(&id, Persisted::default()),
             });
@@ -1352,14 +1359,7 @@ mod tests {
             },
             pool: true,
             image_digest: "sha256:abc".into(),
-            state: Arc::new(
-                watch::channel(State {
-                    status: Status::Starting,
-                    reason: String::new(),
-                    final_usage: None,
-                })
-                .0,
-            ),
+            state: State::starting(),
             ops: Arc::default(),
             meter: meter(Persisted::default()),
         };

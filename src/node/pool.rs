@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{
@@ -268,14 +267,7 @@ impl Node {
                 workspace: entry_workspace(entry),
                 pool: true,
                 image_digest: digest,
-                state: Arc::new(
-                    watch::channel(State {
-                        status: Status::Starting,
-                        reason: String::new(),
-                        final_usage: None,
-                    })
-                    .0,
-                ),
+                state: State::starting(),
                 ops: Arc::default(),
                 meter: self.meter_for(&id, Persisted::default()),
             });
