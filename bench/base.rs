@@ -55,6 +55,7 @@ pub async fn sweep_namespace(containerd: &Path, namespace: &str) {
             kind: RuntimeKind::RuncWrapper,
             name: String::new(),
             options: Default::default(),
+            binary: Default::default(),
         },
     };
     let Ok(containers) = ctr.list_containers().await else {

@@ -172,6 +172,9 @@ pub struct Config {
     /// The warm pool: pre-booted sandboxes per image (`[[pool]]` tables; `COMPUTE_POOL`).
     /// Empty (the default) turns the pool off.
     pub pool: Vec<PoolEntry>,
+    /// The file this configuration was read from (none: defaults and environment). Not a key.
+    #[serde(skip)]
+    pub loaded_from: Option<PathBuf>,
 }
 
 /// One warm-pool entry: keep `size` sandboxes of `image` booted, with this workspace, ready to
@@ -256,6 +259,7 @@ impl Default for Config {
             cpu_overcommit: 4.0,
             log_json: false,
             pool: vec![],
+            loaded_from: None,
         }
     }
 }
@@ -276,6 +280,7 @@ impl Config {
             }
             None => Config::default(),
         };
+        cfg.loaded_from = path.map(Path::to_path_buf);
         cfg.apply_env(|k| std::env::var(k).ok());
         cfg.validate()?;
         Ok(cfg)

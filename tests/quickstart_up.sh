@@ -11,6 +11,25 @@ failed=0
 check() { # check NAME CONDITION-EXIT-CODE
   if [[ $2 == 0 ]]; then passed=$((passed + 1)); echo "ok   $1"; else failed=$((failed + 1)); echo "FAIL $1"; fi
 }
+# scripts/up stops what it started when it fails before serving: a private containerd on a
+# socket of its own, then (1) the import step fails, (2) the daemon exits at once.
+tmp=$(mktemp -d)
+printf '#!/bin/sh\n[ "$1" = node ] && exit 3\nexit 0\n' >"$tmp/computed-exits"
+chmod +x "$tmp/computed-exits"
+: >"$tmp/image.tar"
+for bin in /bin/false "$tmp/computed-exits"; do
+  CONTAINERD_ADDRESS=$tmp/containerd.sock COMPUTE_CONTAINERD_ROOT=$tmp/root \
+    COMPUTE_CONTAINERD_STATE=$tmp/state COMPUTE_IMAGE_TAR=$tmp/image.tar \
+    COMPUTED_BIN=$bin COMPUTE_AGENT_BINARY=/bin/true scripts/up >"$tmp/up.log" 2>&1
+  rc=$?
+  ((rc != 0)); check "scripts/up fails with $(basename "$bin") (exit $rc)" $?
+  grep -q "containerd" "$tmp/state.log" 2>/dev/null; check "  it had started its own containerd" $?
+  ! ctr --address "$tmp/containerd.sock" version >/dev/null 2>&1; check "  its containerd no longer answers" $?
+  ! pgrep -f "$tmp/state.toml" >/dev/null; check "  no containerd process left" $?
+done
+pkill -f "$tmp/state.toml" 2>/dev/null
+rm -rf "$tmp"
+
 log=$(mktemp)
 setsid scripts/up >"$log" 2>&1 &
 up=$!
@@ -26,6 +45,25 @@ for _ in $(seq 1 600); do
   kill -0 "$up" 2>/dev/null || { cat "$log"; echo "scripts/up exited"; exit 1; }
   sleep 0.5
 done
+
+# computectl doctor passes every check on the node scripts/up brought up, and checks what that
+# daemon uses (its containerd socket), not computectl's defaults.
+computectl=$(dirname "${COMPUTED_BIN:-target/release/computed}")/computectl
+out=$("$computectl" --socket "${COMPUTE_SOCKET:-/run/compute/compute.sock}" -o json doctor 2>&1)
+check "computectl doctor exits 0 on a scripts/up node" $?
+python3 -c '
+import json, sys
+checks = json.load(sys.stdin)
+bad = [c for c in checks if c["status"] not in ("ok", "warn")]
+assert not bad, bad
+names = {c["check"] for c in checks}
+assert {"daemon", "containerd", "runsc", "runtime", "image", "agent"} <= names, names
+ctr = next(c for c in checks if c["check"] == "containerd")
+assert sys.argv[1] in ctr["detail"], ctr
+' "${CONTAINERD_ADDRESS:-/run/compute/containerd.sock}" <<<"$out" || echo "$out"
+check "doctor: every check ok or warn, on the daemon's containerd" $?
+! "$computectl" --socket /nonexistent/compute.sock doctor >/dev/null 2>&1
+check "doctor fails when there is no daemon" $?
 
 # 1. Verify the server is up
 out=$(grpcurl -plaintext localhost:50051 grpc.health.v1.Health/Check)

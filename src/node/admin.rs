@@ -116,7 +116,36 @@ impl NodeAdmin for AdminService {
                 .unwrap_or(0)
         })
         .await?;
+        let rt = self.node.runtime();
+        let sandbox_image_present = match image::resolve(&rt.ctr, &cfg.sandbox_image).await {
+            Ok(_) => true,
+            Err(image::Error::NotFound(_)) => false,
+            Err(e) => return Err(Error::from(e).into()),
+        };
+        let agent_binary = if self.node.agent_enabled() {
+            self.node.agent_path().display().to_string()
+        } else {
+            String::new()
+        };
         Ok(Response::new(pb::GetNodeResponse {
+            containerd_address: cfg.containerd_socket.display().to_string(),
+            namespace: cfg.namespace.clone(),
+            runtime_name: rt.choice.name.clone(),
+            runtime_binary: rt.choice.binary.display().to_string(),
+            runsc_path: cfg.runsc_path.display().to_string(),
+            runsc_platform: cfg.runsc_platform.clone(),
+            run_dir: cfg.run_dir.display().to_string(),
+            cgroup_root: cfg.cgroup_root.display().to_string(),
+            sandbox_image: cfg.sandbox_image.clone(),
+            sandbox_image_present,
+            pull_missing: cfg.pull_missing,
+            agent: cfg.agent,
+            agent_binary,
+            config_path: cfg
+                .loaded_from
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
             info: Some(self.node.info(self.started)),
             runsc_version: self.runsc_version.to_string(),
             containerd_version,

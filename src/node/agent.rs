@@ -53,6 +53,15 @@ impl Node {
                 .is_some_and(|d| d.join("sandbox-agent").is_file())
     }
 
+    /// Where the static agent binary that every sandbox mounts lives on the host.
+    pub fn agent_path(&self) -> PathBuf {
+        self.inner
+            .helpers_dir
+            .as_ref()
+            .map(|d| d.join("sandbox-agent"))
+            .unwrap_or_default()
+    }
+
     fn agent_dir(&self, id: &str) -> PathBuf {
         self.config().run_dir.join("agents").join(id)
     }

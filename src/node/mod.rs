@@ -386,7 +386,7 @@ fn install_helpers(cfg: &Config) -> Option<PathBuf> {
 }
 
 /// Whether an ELF64 executable names a program interpreter (is dynamically linked).
-fn elf_interpreter(bin: &[u8]) -> bool {
+pub fn elf_interpreter(bin: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
     let u16_at = |o: usize| bin.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let u32_at = |o: usize| {

@@ -64,6 +64,9 @@ pub struct RuntimeChoice {
     pub name: String,
     /// The options Any sent with every container.
     pub options: Any,
+    /// What containerd's shim runs: the runsc wrapper (runc-wrapper) or the shim's config
+    /// file (runsc-shim). `computectl doctor` checks it.
+    pub binary: PathBuf,
 }
 
 fn on_path(bin: &str) -> Option<PathBuf> {
@@ -125,6 +128,7 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
             Ok(RuntimeChoice {
                 kind,
                 name: "io.containerd.runsc.v1".into(),
+                binary: toml_path.clone(),
                 options: Any {
                     type_url: "runtimeoptions.v1.Options".into(),
                     value: opts.encode_to_vec(),
@@ -142,6 +146,7 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
             Ok(RuntimeChoice {
                 kind: RuntimeKind::RuncWrapper,
                 name: "io.containerd.runc.v2".into(),
+                binary: wrapper.clone(),
                 options: Any {
                     type_url: "containerd.runc.v1.Options".into(),
                     value: opts.encode_to_vec(),
