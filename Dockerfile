@@ -27,7 +27,7 @@ ARG RUST_IMAGE=rust:1-bookworm
 # ---- build the binaries ----
 FROM ${RUST_IMAGE} AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
