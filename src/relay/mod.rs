@@ -576,3 +576,80 @@ impl Relay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(id: &str, trust: &str) -> pb::Hello {
+        pb::Hello {
+            sandbox_id: id.into(),
+            trust: trust.into(),
+            ..Default::default()
+        }
+    }
+
+    fn relay(dir: &std::path::Path) -> Relay {
+        let creds = auth::Credentials::new(auth::Credentials::path_in(dir));
+        Relay::new(
+            Settings::default(),
+            creds,
+            Box::new(|id: &str| id == "compute-1"),
+        )
+    }
+
+    #[tokio::test]
+    async fn network_workers_never_reach_an_agents_registry() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = relay(dir.path());
+        let (ext, _) = r.credentials().issue("ext-1", None).unwrap();
+        let ext = ext.unwrap();
+        // A planted credential for the compute sandbox's id.
+        let (planted, _) = r.credentials().issue("compute-1", None).unwrap();
+        let planted = planted.unwrap();
+        let (agent, _agent_rx) = r.attach_in_sandbox(hello("compute-1", AGENT_TRUST));
+
+        // Table: (Hello's id, token) → outcome.
+        let cases: Vec<(&str, Option<&str>, tonic::Code)> = vec![
+            ("compute-1", None, tonic::Code::Unauthenticated),
+            ("compute-1", Some("cwt_bogus"), tonic::Code::Unauthenticated),
+            ("compute-1", Some(&ext), tonic::Code::PermissionDenied),
+            ("compute-1", Some(&planted), tonic::Code::PermissionDenied),
+            ("ext-2", Some(&ext), tonic::Code::PermissionDenied),
+            ("", Some(&ext), tonic::Code::InvalidArgument),
+        ];
+        for (id, tok, want) in &cases {
+            let got = r
+                .attach_network(hello(id, "trusted"), *tok)
+                .err()
+                .map(|e| e.code());
+            assert_eq!(got, Some(*want), "{id} {tok:?}");
+        }
+        // The agent is still the one registered, and the only one ExecCommand may use.
+        assert_eq!(r.agent("compute-1").unwrap().id, agent.id);
+        assert_eq!(r.workers().len(), 1);
+
+        // A legitimate external worker: recorded with its trust (empty = untrusted), never an
+        // agent.
+        let (w, _rx) = r.attach_network(hello("ext-1", ""), Some(&ext)).unwrap();
+        assert_eq!(w.origin, Origin::Network);
+        assert_eq!(w.hello.trust, "untrusted");
+        assert!(r.agent("ext-1").is_none());
+        assert_eq!(r.worker("ext-1").unwrap().id, w.id);
+        let err = r
+            .exec_on_agent(pb::ExecRequest {
+                sandbox_id: "ext-1".into(),
+                exec: Some(pb::Exec {
+                    req_id: 1,
+                    command: "true".into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        // Revoke disconnects it.
+        assert!(r.disconnect_network("ext-1", "revoked"));
+        assert!(r.worker("ext-1").is_none());
+    }
+}
