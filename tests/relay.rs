@@ -639,7 +639,10 @@ async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
     // The listing names ids, never secrets.
     let o = computectl(&d, &["relay", "tokens"]);
     let listing = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(listing.contains(&sb) && listing.contains(&other), "{listing}");
+    assert!(
+        listing.contains(&sb) && listing.contains(&other),
+        "{listing}"
+    );
     assert!(!listing.contains(&token) && !listing.contains(&other_token));
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(d.state_dir().join("relay/worker-tokens.json"))
@@ -659,7 +662,10 @@ async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
     let w = python_worker(&stubs, &d.addr, &sb, legit);
     assert_eq!(refused_with(w), "UNAUTHENTICATED");
     for t in [&token, &other_token] {
-        assert!(!d.log_text().contains(t.as_str()), "a token in the daemon's log");
+        assert!(
+            !d.log_text().contains(t.as_str()),
+            "a token in the daemon's log"
+        );
     }
 }
 
@@ -772,6 +778,12 @@ async fn big_messages_and_credentials_pass_through_the_router() {
         assert!(stdout == big, "via {addr}: {} bytes back", stdout.len());
     }
     let router_log = std::fs::read_to_string(&router.log).unwrap();
-    assert!(!router_log.contains(&token), "the token in the router's log");
-    assert!(!d.log_text().contains(&token), "the token in the node's log");
+    assert!(
+        !router_log.contains(&token),
+        "the token in the router's log"
+    );
+    assert!(
+        !d.log_text().contains(&token),
+        "the token in the node's log"
+    );
 }

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use computed::cli::{
-    self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, relay::RelayCmd, top::TopArgs,
-    trash::TrashCmd, Target,
+    self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, relay::RelayCmd,
+    top::TopArgs, trash::TrashCmd, Target,
 };
 
 #[derive(Parser)]

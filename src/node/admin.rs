@@ -307,10 +307,9 @@ impl NodeAdmin for AdminService {
         }
         let id = req.sandbox_id;
         let given = (!req.token.is_empty()).then_some(req.token);
-        let (token, replaced) =
-            blocking(move || relay.credentials().issue(&id, given.as_deref()))
-                .await?
-                .map_err(Error::from)?;
+        let (token, replaced) = blocking(move || relay.credentials().issue(&id, given.as_deref()))
+            .await?
+            .map_err(Error::from)?;
         info!(replaced, "worker credential issued");
         Ok(Response::new(pb::IssueWorkerTokenResponse {
             token: token.unwrap_or_default(),
@@ -354,7 +353,9 @@ impl NodeAdmin for AdminService {
             .relay()
             .disconnect_network(&id, "worker credential revoked");
         info!(disconnected, "worker credential revoked");
-        Ok(Response::new(pb::RevokeWorkerTokenResponse { disconnected }))
+        Ok(Response::new(pb::RevokeWorkerTokenResponse {
+            disconnected,
+        }))
     }
 
     async fn list_workers(

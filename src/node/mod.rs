@@ -460,21 +460,24 @@ impl Node {
                     Node { inner }.table().by_id.contains_key(&id)
                 };
                 Inner {
-                relay: crate::relay::Relay::new(
-                    crate::relay::Settings {
-                        heartbeat_timeout: Duration::from_millis(cfg.worker_heartbeat_timeout_ms),
-                        worker_wait: Duration::from_millis(cfg.worker_wait_ms),
-                    },
-                    credentials,
-                    Box::new(hosted),
-                ),
-                cfg,
-                rt,
-                cgroup_version,
-                table: Mutex::new(Table::default()),
-                helpers_dir,
-                pool_wake: tokio::sync::Notify::new(),
-            }}),
+                    relay: crate::relay::Relay::new(
+                        crate::relay::Settings {
+                            heartbeat_timeout: Duration::from_millis(
+                                cfg.worker_heartbeat_timeout_ms,
+                            ),
+                            worker_wait: Duration::from_millis(cfg.worker_wait_ms),
+                        },
+                        credentials,
+                        Box::new(hosted),
+                    ),
+                    cfg,
+                    rt,
+                    cgroup_version,
+                    table: Mutex::new(Table::default()),
+                    helpers_dir,
+                    pool_wake: tokio::sync::Notify::new(),
+                }
+            }),
         }
     }
 

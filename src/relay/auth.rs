@@ -330,10 +330,7 @@ mod tests {
         // Revoke.
         again.revoke("sb-b").unwrap();
         assert!(again.verify("sb-b", Some(&b)).is_err());
-        assert!(matches!(
-            again.revoke("sb-b"),
-            Err(Error::NoCredential(_))
-        ));
+        assert!(matches!(again.revoke("sb-b"), Err(Error::NoCredential(_))));
         let third = Credentials::new(path);
         assert_eq!(third.load().unwrap(), 1);
         assert_eq!(third.list()[0].sandbox_id, "sb-a");

@@ -198,6 +198,9 @@ impl Worker {
     }
 }
 
+/// The frames the relay sends one worker.
+pub type FrameRx = mpsc::Receiver<Result<pb::ServerFrame, Status>>;
+
 /// Whether a sandbox_id names a sandbox this node hosts (its worker can only be its agent).
 pub type Hosted = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
@@ -301,7 +304,7 @@ impl Relay {
         &self,
         hello: pb::Hello,
         token: Option<&str>,
-    ) -> Result<(Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>), Error> {
+    ) -> Result<(Arc<Worker>, FrameRx), Error> {
         if hello.sandbox_id.is_empty() {
             return Err(Error::InvalidArgument("Hello needs a sandbox_id".into()));
         }
@@ -328,18 +331,11 @@ impl Relay {
     /// FIFOs; `hello` is the node's (its sandbox_id is the sandbox's). Replaces an earlier
     /// agent of the same sandbox (a re-attach). No heartbeat deadline: the link ends with the
     /// sandbox.
-    pub fn attach_in_sandbox(
-        &self,
-        hello: pb::Hello,
-    ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
+    pub fn attach_in_sandbox(&self, hello: pb::Hello) -> (Arc<Worker>, FrameRx) {
         self.attach_with(hello, Origin::Agent)
     }
 
-    fn attach_with(
-        &self,
-        hello: pb::Hello,
-        origin: Origin,
-    ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
+    fn attach_with(&self, hello: pb::Hello, origin: Origin) -> (Arc<Worker>, FrameRx) {
         let (tx, rx) = mpsc::channel(256);
         let w = Arc::new(Worker {
             id: self

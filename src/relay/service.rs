@@ -48,7 +48,9 @@ impl SandboxWorker for RelayService {
             .map(str::to_string);
         if token.is_none() {
             debug!("worker without a credential refused");
-            return Err(Error::Unauthenticated("no credential (authorization: Bearer <token>)").into());
+            return Err(
+                Error::Unauthenticated("no credential (authorization: Bearer <token>)").into(),
+            );
         }
         let mut frames = req.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, frames.message())
