@@ -105,9 +105,15 @@ pub async fn serve(
         crate::node::info::InfoService::new(node.clone()),
     );
     let relay = crate::relay::service::RelayService::new(node.relay().clone());
+    // The relay carries the same payloads as ComputeService (stdin, collected stdout): the
+    // same message cap, not tonic's 4 MiB default.
     let relay_worker =
-        crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone());
-    let relay_exec = crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay);
+        crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+    let relay_exec = crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
     let admin = crate::api::admin::v1::node_admin_server::NodeAdminServer::new(
         crate::node::admin::AdminService::new(node.clone()),
     );

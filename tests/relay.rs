@@ -1,5 +1,7 @@
 //! The sandbox.v1 relay served by the node daemon, with real workers attaching over TCP: the
-//! Rust `sandbox-agent` and a Python grpcio worker.
+//! Rust `sandbox-agent` and a Python grpcio worker (an independent client, generated from the
+//! proto with grpcio-tools), with the credentials `computectl relay token` issues; impostors
+//! refused; the in-sandbox agent never displaced; messages over 4 MiB, also through a router.
 
 mod common;
 
@@ -21,8 +23,34 @@ impl Drop for Agent {
     }
 }
 
-fn agent(d: &Daemon, sandbox: &str, extra: &[&str]) -> Agent {
+/// `computectl` against a daemon's unix socket.
+fn computectl(d: &Daemon, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(args)
+        .env_remove("COMPUTE_ADDR")
+        .output()
+        .unwrap()
+}
+
+/// Issues the credential of `sandbox` (`computectl relay token`): the token alone on stdout.
+fn issue_token(d: &Daemon, sandbox: &str) -> String {
+    let o = computectl(d, &["relay", "token", sandbox]);
+    assert!(
+        o.status.success(),
+        "relay token: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let t = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    assert!(t.starts_with("cwt_") && t.len() == 68, "{t:?}");
+    t
+}
+
+/// A Rust worker for `sandbox`, attached with `token`.
+fn agent(d: &Daemon, sandbox: &str, token: &str, extra: &[&str]) -> Agent {
     let child = Command::new(common::agent_binary())
+        .env("RELAY_TOKEN", token)
         .args([
             "--relay",
             &d.addr,
@@ -133,7 +161,8 @@ async fn relay_semantics_with_the_rust_agent() {
         Code::InvalidArgument
     );
 
-    let _a = agent(&d, &sb, &["--capacity", "2"]);
+    let token = issue_token(&d, &sb);
+    let _a = agent(&d, &sb, &token, &["--capacity", "2"]);
     // Streaming: chunks in order, stderr separate, exit code.
     let r = run(
         &mut h,
@@ -258,7 +287,8 @@ async fn heartbeat_loss_disconnect_and_replacement() {
 
     // A worker that stops heartbeating (SIGSTOP: the connection stays) is dropped, and its
     // in-flight exec ends with an ExecError.
-    let a = agent(&d, &sb, &[]);
+    let token = issue_token(&d, &sb);
+    let a = agent(&d, &sb, &token, &[]);
     assert_eq!(
         run(&mut h, req(&sb, 1, "echo hi", true)).await.stdout(),
         "hi\n"
@@ -287,7 +317,7 @@ async fn heartbeat_loss_disconnect_and_replacement() {
     drop(a);
 
     // A worker killed outright: in-flight execs end with an ExecError at once.
-    let b = agent(&d, &sb, &[]);
+    let b = agent(&d, &sb, &token, &[]);
     assert_eq!(
         run(&mut h, req(&sb, 4, "echo b", true)).await.stdout(),
         "b\n"
@@ -305,7 +335,7 @@ async fn heartbeat_loss_disconnect_and_replacement() {
     );
 
     // A second Hello for the same sandbox replaces the first cleanly.
-    let first = agent(&d, &sb, &[]);
+    let first = agent(&d, &sb, &token, &[]);
     assert_eq!(
         run(&mut h, req(&sb, 6, "echo first", true)).await.stdout(),
         "first\n"
@@ -315,7 +345,7 @@ async fn heartbeat_loss_disconnect_and_replacement() {
         .await
         .unwrap()
         .into_inner();
-    let _second = agent(&d, &sb, &["--label", "gen=2"]);
+    let _second = agent(&d, &sb, &token, &["--label", "gen=2"]);
     let r = collect(s).await;
     assert!(
         r.error.as_deref().unwrap_or("").contains("replaced"),
@@ -329,11 +359,9 @@ async fn heartbeat_loss_disconnect_and_replacement() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_python_worker_attaches_and_serves() {
-    if !prerequisites() {
-        return;
-    }
+/// Python stubs for sandbox.v1, generated with grpcio-tools into a temporary directory; None
+/// (after printing why) when grpcio is missing outside CI.
+fn python_stubs() -> Option<tempfile::TempDir> {
     let ok = Command::new("python3")
         .args(["-c", "import grpc, grpc_tools"])
         .status()
@@ -345,9 +373,8 @@ async fn a_python_worker_attaches_and_serves() {
             "python grpcio missing (scripts/install-deps installs it)"
         );
         eprintln!("SKIPPED: no python grpcio");
-        return;
+        return None;
     }
-    let d = start("relaypy", "");
     let dir = tempfile::tempdir().unwrap();
     let proto_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
     let st = Command::new("python3")
@@ -359,18 +386,82 @@ async fn a_python_worker_attaches_and_serves() {
         .status()
         .unwrap();
     assert!(st.success());
+    Some(dir)
+}
+
+/// How a Python worker behaves.
+#[derive(Default, Clone, Copy)]
+struct Py<'a> {
+    token: Option<&'a str>,
+    /// An impostor: answers every Exec with this, running nothing.
+    fake_output: Option<&'a str>,
+    trust: Option<&'a str>,
+}
+
+/// Starts the Python worker for `sandbox` against `addr`.
+fn python_worker(stubs: &tempfile::TempDir, addr: &str, sandbox: &str, py: Py) -> Agent {
     let worker =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/python_worker.py");
+    let mut c = Command::new("python3");
+    c.arg(&worker)
+        .args([addr, sandbox])
+        .env("PYTHONPATH", stubs.path())
+        .env_remove("RELAY_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if let Some(t) = py.token {
+        c.env("RELAY_TOKEN", t);
+    }
+    if let Some(f) = py.fake_output {
+        c.env("WORKER_FAKE_OUTPUT", f);
+    }
+    if let Some(t) = py.trust {
+        c.env("WORKER_TRUST", t);
+    }
+    Agent(c.spawn().unwrap())
+}
+
+/// Waits for a Python worker to be refused and returns the status code it saw.
+fn refused_with(mut w: Agent) -> String {
+    use std::io::Read;
+    let t = Instant::now();
+    loop {
+        if let Some(st) = w.0.try_wait().unwrap() {
+            let mut out = String::new();
+            w.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+            assert_eq!(st.code(), Some(3), "the worker was not refused: {out}");
+            return out
+                .lines()
+                .find_map(|l| l.strip_prefix("ATTACH_ERROR "))
+                .unwrap_or_default()
+                .to_string();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the relay accepted the worker (it is still attached)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_worker_attaches_and_serves() {
+    if !prerequisites() {
+        return;
+    }
+    let Some(stubs) = python_stubs() else { return };
+    let d = start("relaypy", "");
     let sb = format!("py-{}", uuid::Uuid::new_v4().simple());
-    let child = Command::new("python3")
-        .arg(&worker)
-        .args([&d.addr, &sb])
-        .env("PYTHONPATH", dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let _w = Agent(child);
+    let token = issue_token(&d, &sb);
+    let _w = python_worker(
+        &stubs,
+        &d.addr,
+        &sb,
+        Py {
+            token: Some(&token),
+            ..Default::default()
+        },
+    );
     let mut h = harness(&d).await;
     let r = run(
         &mut h,
@@ -383,4 +474,316 @@ async fn a_python_worker_attaches_and_serves() {
     let r = run(&mut h, req(&sb, 2, "printf 'a\\nb\\n'", false)).await;
     assert_eq!(r.stdout(), "a\nb\n");
     assert_eq!(r.end, Some(0));
+}
+
+/// Runs `script` through ComputeService.ExecCommand; returns stdout (asserting exit 0).
+async fn exec_command(d: &Daemon, id: &str, script: &str) -> String {
+    let mut c = d.client().await;
+    sh(&mut c, id, script).await
+}
+
+/// Waits until the daemon's log holds `needle` at least `n` times.
+async fn wait_log(d: &Daemon, needle: &str, n: usize) {
+    let t = Instant::now();
+    while d.log_text().matches(needle).count() < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "never logged {needle:?} x{n}:\n{}",
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn workers_json(d: &Daemon) -> Vec<serde_json::Value> {
+    let o = computectl(d, &["relay", "workers", "-o", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn impostors_never_displace_a_sandboxs_agent() {
+    if !prerequisites() {
+        return;
+    }
+    let Some(stubs) = python_stubs() else { return };
+    let mut d = start("relayimp", "agent = true");
+    let mut c = d.client().await;
+    let id = ready_sandbox(&mut c, create_req("t", "impostor")).await;
+    wait_log(&d, "agent attached", 1).await;
+    let real = "real-42\n";
+    let script = "echo real-$((6*7))";
+    assert_eq!(exec_command(&d, &id, script).await, real);
+    let impostor = |token: Option<&'static str>| Py {
+        token,
+        fake_output: Some("IMPOSTOR\n"),
+        trust: Some("trusted"),
+    };
+
+    // No credential: UNAUTHENTICATED, and the sandbox's execs still reach its agent.
+    let w = python_worker(&stubs, &d.addr, &id, impostor(None));
+    assert_eq!(refused_with(w), "UNAUTHENTICATED");
+    assert_eq!(exec_command(&d, &id, script).await, real);
+
+    // A made-up token: UNAUTHENTICATED.
+    let bogus: &'static str = Box::leak(format!("cwt_{}", "0".repeat(64)).into_boxed_str());
+    let w = python_worker(&stubs, &d.addr, &id, impostor(Some(bogus)));
+    assert_eq!(refused_with(w), "UNAUTHENTICATED");
+
+    // A valid credential for another id: PERMISSION_DENIED.
+    let other = format!("ext-{}", uuid::Uuid::new_v4().simple());
+    let other_token: &'static str = Box::leak(issue_token(&d, &other).into_boxed_str());
+    let w = python_worker(&stubs, &d.addr, &id, impostor(Some(other_token)));
+    assert_eq!(refused_with(w), "PERMISSION_DENIED");
+    assert_eq!(exec_command(&d, &id, script).await, real);
+
+    // The operator cannot issue a credential for a compute sandbox.
+    let o = computectl(&d, &["relay", "token", &id]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("in-sandbox agent"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // Even a credential for the sandbox's id planted in the store (here: renamed on disk,
+    // then a restart, which also re-attaches the agent) is PERMISSION_DENIED.
+    let planted = format!("ext-{}", uuid::Uuid::new_v4().simple());
+    let planted_token: &'static str = Box::leak(issue_token(&d, &planted).into_boxed_str());
+    let store = d.state_dir().join("relay/worker-tokens.json");
+    let text = std::fs::read_to_string(&store).unwrap();
+    std::fs::write(&store, text.replace(&planted, &id)).unwrap();
+    d.kill9();
+    d.spawn();
+    wait_log(&d, "agent re-attached", 1).await;
+    let w = python_worker(&stubs, &d.addr, &id, impostor(Some(planted_token)));
+    assert_eq!(refused_with(w), "PERMISSION_DENIED");
+    assert_eq!(exec_command(&d, &id, script).await, real);
+
+    // SandboxExec for the sandbox reaches its agent too; the listing shows one worker for it,
+    // the agent, with the trust the node gave it.
+    let mut h = harness(&d).await;
+    assert_eq!(run(&mut h, req(&id, 1, script, false)).await.stdout(), real);
+    let ws: Vec<_> = workers_json(&d)
+        .into_iter()
+        .filter(|w| w["sandbox_id"] == id.as_str())
+        .collect();
+    assert_eq!(ws.len(), 1, "{ws:?}");
+    assert_eq!(ws[0]["origin"], "agent");
+    assert_eq!(ws[0]["trust"], "trusted");
+    // No secret in the log.
+    for t in [other_token, planted_token] {
+        assert!(!d.log_text().contains(t), "a token in the daemon's log");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
+    if !prerequisites() {
+        return;
+    }
+    let Some(stubs) = python_stubs() else { return };
+    let mut d = start("relayext", "worker_heartbeat_timeout_ms = 1500");
+    let sb = format!("ext-{}", uuid::Uuid::new_v4().simple());
+    let token = issue_token(&d, &sb);
+    let legit = Py {
+        token: Some(&token),
+        ..Default::default()
+    };
+    let _w = python_worker(&stubs, &d.addr, &sb, legit);
+    let mut h = harness(&d).await;
+    assert_eq!(
+        run(&mut h, req(&sb, 1, "echo legit", true)).await.stdout(),
+        "legit\n"
+    );
+    // Its Hello.trust is recorded.
+    let ws = workers_json(&d);
+    let me = ws.iter().find(|w| w["sandbox_id"] == sb.as_str()).unwrap();
+    assert_eq!(me["origin"], "network");
+    assert_eq!(me["trust"], "untrusted");
+
+    // Impostors for the same id: no credential, or another id's. Neither replaces it.
+    let fake = |token| Py {
+        token,
+        fake_output: Some("IMPOSTOR\n"),
+        trust: None,
+    };
+    let w = python_worker(&stubs, &d.addr, &sb, fake(None));
+    assert_eq!(refused_with(w), "UNAUTHENTICATED");
+    let other = format!("ext-{}", uuid::Uuid::new_v4().simple());
+    let other_token = issue_token(&d, &other);
+    let w = python_worker(&stubs, &d.addr, &sb, fake(Some(&other_token)));
+    assert_eq!(refused_with(w), "PERMISSION_DENIED");
+    assert_eq!(
+        run(&mut h, req(&sb, 2, "echo still-legit", true))
+            .await
+            .stdout(),
+        "still-legit\n"
+    );
+
+    // A restart keeps the credential valid (the old worker's stream ends with the daemon).
+    drop(_w);
+    d.kill9();
+    d.spawn();
+    let _w = python_worker(&stubs, &d.addr, &sb, legit);
+    let mut h = harness(&d).await;
+    assert_eq!(
+        run(&mut h, req(&sb, 3, "echo after-restart", true))
+            .await
+            .stdout(),
+        "after-restart\n"
+    );
+    let w = python_worker(&stubs, &d.addr, &sb, fake(Some(&other_token)));
+    assert_eq!(refused_with(w), "PERMISSION_DENIED");
+
+    // The listing names ids, never secrets.
+    let o = computectl(&d, &["relay", "tokens"]);
+    let listing = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        listing.contains(&sb) && listing.contains(&other),
+        "{listing}"
+    );
+    assert!(!listing.contains(&token) && !listing.contains(&other_token));
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(d.state_dir().join("relay/worker-tokens.json"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+
+    // Revoke: the live worker is disconnected and the token no longer attaches.
+    let o = computectl(&d, &["relay", "revoke", &sb]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("disconnected"));
+    assert_eq!(
+        h.exec(req(&sb, 4, "true", true)).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    let w = python_worker(&stubs, &d.addr, &sb, legit);
+    assert_eq!(refused_with(w), "UNAUTHENTICATED");
+    for t in [&token, &other_token] {
+        assert!(
+            !d.log_text().contains(t.as_str()),
+            "a token in the daemon's log"
+        );
+    }
+}
+
+/// A `computed router` in front of one node.
+struct RouterProc {
+    child: Child,
+    addr: String,
+    log: std::path::PathBuf,
+}
+
+impl RouterProc {
+    fn start(node: &str, dir: &std::path::Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let log = dir.join("router.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_computed"))
+            .args([
+                "router",
+                "--listen",
+                &addr,
+                "--nodes",
+                node,
+                "--metrics-listen",
+                "",
+            ])
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "router did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        RouterProc { child, addr, log }
+    }
+}
+
+impl Drop for RouterProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn big_harness(addr: &str) -> SandboxExecClient<Channel> {
+    let ch = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    SandboxExecClient::new(ch)
+        .max_decoding_message_size(32 << 20)
+        .max_encoding_message_size(32 << 20)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn big_messages_and_credentials_pass_through_the_router() {
+    if !prerequisites() {
+        return;
+    }
+    let Some(stubs) = python_stubs() else { return };
+    let d = start("relaybig", "");
+    let dir = tempfile::tempdir().unwrap();
+    let router = RouterProc::start(&d.addr, dir.path());
+    let sb = format!("ext-{}", uuid::Uuid::new_v4().simple());
+    let token = issue_token(&d, &sb);
+
+    // Through the router: without a credential the node refuses; with it (the metadata
+    // forwarded) the worker attaches.
+    let t = Instant::now();
+    loop {
+        let w = python_worker(&stubs, &router.addr, &sb, Py::default());
+        let code = refused_with(w);
+        if code == "UNAUTHENTICATED" {
+            break;
+        }
+        // The router may not have seen the node ready yet.
+        assert!(
+            code == "UNAVAILABLE" && t.elapsed() < Duration::from_secs(10),
+            "{code}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _w = python_worker(
+        &stubs,
+        &router.addr,
+        &sb,
+        Py {
+            token: Some(&token),
+            ..Default::default()
+        },
+    );
+
+    // 5 MiB of stdin to the worker and 5 MiB of collected stdout back (one message each way,
+    // over tonic's 4 MiB default), through the router and straight at the node.
+    let big: Vec<u8> = (0..5u32 << 20).map(|i| b'a' + (i % 26) as u8).collect();
+    for (i, addr) in [&router.addr, &d.addr].into_iter().enumerate() {
+        let mut h = big_harness(addr).await;
+        let mut r = req(&sb, 10 + i as u64, "cat", false);
+        r.exec.as_mut().unwrap().stdin = big.clone();
+        let out = run(&mut h, r).await;
+        assert_eq!(out.end, Some(0), "via {addr}: {:?}", out.error);
+        let stdout: Vec<u8> = out.chunks.into_iter().flat_map(|(_, d)| d).collect();
+        assert!(stdout == big, "via {addr}: {} bytes back", stdout.len());
+    }
+    let router_log = std::fs::read_to_string(&router.log).unwrap();
+    assert!(
+        !router_log.contains(&token),
+        "the token in the router's log"
+    );
+    assert!(
+        !d.log_text().contains(&token),
+        "the token in the node's log"
+    );
 }

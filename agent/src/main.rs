@@ -34,6 +34,11 @@ struct Args {
     /// Run as PID 1: start the worker as a child and reap orphans.
     #[arg(long)]
     init: bool,
+    /// With `--relay`: the credential the operator issued for this sandbox id
+    /// (`computectl relay token ID`), sent as `authorization: Bearer <token>`. Prefer the
+    /// environment: arguments are visible to every user in /proc.
+    #[arg(long, env = "RELAY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// The sandbox id this worker serves.
     #[arg(long, env = "SANDBOX_ID")]
     sandbox_id: String,
@@ -452,11 +457,18 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         stdio_transport(rx, in_tx);
     } else {
         let relay = args.relay.clone().unwrap_or_default();
-        let mut client = SandboxWorkerClient::new(channel(&relay).await?);
-        let mut frames = client
-            .attach(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await?
-            .into_inner();
+        // Messages as large as the relay accepts (17 MiB: stdin and output of up to 16 MiB).
+        let mut client = SandboxWorkerClient::new(channel(&relay).await?)
+            .max_decoding_message_size(17 << 20)
+            .max_encoding_message_size(17 << 20);
+        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        if let Some(t) = args.token.as_deref().filter(|t| !t.is_empty()) {
+            let v = format!("Bearer {t}")
+                .parse()
+                .map_err(|_| anyhow::anyhow!("the token is not a valid header value"))?;
+            req.metadata_mut().insert("authorization", v);
+        }
+        let mut frames = client.attach(req).await?.into_inner();
         tokio::spawn(async move {
             while let Ok(Some(f)) = frames.message().await {
                 if in_tx.send(f).await.is_err() {

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use computed::cli::{
-    self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, top::TopArgs,
-    trash::TrashCmd, Target,
+    self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, relay::RelayCmd,
+    top::TopArgs, trash::TrashCmd, Target,
 };
 
 #[derive(Parser)]
@@ -64,6 +64,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ImageCmd,
     },
+    /// Credentials of external sandbox.v1 workers, and the attached workers.
+    Relay {
+        #[command(subcommand)]
+        cmd: RelayCmd,
+    },
     /// Check containerd, runsc, cgroups, KVM, disk, config and the daemon.
     Doctor(DoctorArgs),
     /// Print a shell completion script.
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
             Cmd::Gc { dry_run } => cli::gc::run(&t, dry_run).await.map(|_| 0),
             Cmd::Trash { cmd } => cli::trash::run(&t, cmd).await.map(|_| 0),
             Cmd::Image { cmd } => cli::image::run(&t, cmd).await.map(|_| 0),
+            Cmd::Relay { cmd } => cli::relay::run(&t, cmd).await.map(|_| 0),
             Cmd::Doctor(a) => cli::doctor::run(&t, a).await.map(|_| 0),
             Cmd::Completion { .. } => Ok(0),
         }

@@ -9,6 +9,7 @@ pub mod gc;
 pub mod image;
 pub mod local_image;
 pub mod ls;
+pub mod relay;
 pub mod top;
 pub mod trash;
 

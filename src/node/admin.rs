@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::Stream;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
+use tracing::{info, instrument};
 
 use super::{blocking, gc, Error, Node, Status as SbStatus};
 use crate::api::admin::v1 as pb;
@@ -318,6 +319,103 @@ impl NodeAdmin for AdminService {
             .map_err(Error::from)?;
         Ok(Response::new(pb::AliasImageResponse {}))
     }
+
+    #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
+    async fn issue_worker_token(
+        &self,
+        req: Request<pb::IssueWorkerTokenRequest>,
+    ) -> Result<Response<pb::IssueWorkerTokenResponse>, Status> {
+        let req = req.into_inner();
+        let relay = self.node.relay().clone();
+        if relay.is_hosted(&req.sandbox_id) {
+            return Err(Error::FailedPrecondition {
+                id: req.sandbox_id,
+                state: "a compute sandbox: its only worker is its in-sandbox agent".into(),
+            }
+            .into());
+        }
+        let id = req.sandbox_id;
+        let given = (!req.token.is_empty()).then_some(req.token);
+        let (token, replaced) = blocking(move || relay.credentials().issue(&id, given.as_deref()))
+            .await?
+            .map_err(Error::from)?;
+        info!(replaced, "worker credential issued");
+        Ok(Response::new(pb::IssueWorkerTokenResponse {
+            token: token.unwrap_or_default(),
+            replaced,
+        }))
+    }
+
+    async fn list_worker_tokens(
+        &self,
+        _req: Request<pb::ListWorkerTokensRequest>,
+    ) -> Result<Response<pb::ListWorkerTokensResponse>, Status> {
+        // Ids and dates only: neither tokens (never kept) nor their digests leave the node.
+        let tokens = self
+            .node
+            .relay()
+            .credentials()
+            .list()
+            .into_iter()
+            .map(|e| pb::WorkerToken {
+                sandbox_id: e.sandbox_id,
+                issued_at: e.issued_at,
+            })
+            .collect();
+        Ok(Response::new(pb::ListWorkerTokensResponse { tokens }))
+    }
+
+    #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
+    async fn revoke_worker_token(
+        &self,
+        req: Request<pb::RevokeWorkerTokenRequest>,
+    ) -> Result<Response<pb::RevokeWorkerTokenResponse>, Status> {
+        let id = req.into_inner().sandbox_id;
+        let relay = self.node.relay().clone();
+        let id2 = id.clone();
+        blocking(move || relay.credentials().revoke(&id2))
+            .await?
+            .map_err(Error::from)?;
+        // A revoked credential ends the worker that attached with it.
+        let disconnected = self
+            .node
+            .relay()
+            .disconnect_network(&id, "worker credential revoked");
+        info!(disconnected, "worker credential revoked");
+        Ok(Response::new(pb::RevokeWorkerTokenResponse {
+            disconnected,
+        }))
+    }
+
+    async fn list_workers(
+        &self,
+        _req: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let mut workers: Vec<pb::WorkerInfo> = self
+            .node
+            .relay()
+            .workers()
+            .into_iter()
+            .map(|w| pb::WorkerInfo {
+                sandbox_id: w.hello.sandbox_id.clone(),
+                origin: w.origin.word().into(),
+                trust: w.hello.trust.clone(),
+                capacity_max: w.hello.capacity_max,
+                inflight: w.inflight() as u32,
+                labels: w.hello.labels.clone(),
+                capabilities: w.hello.capabilities.clone(),
+                image: w.hello.image.clone(),
+                arch: w.hello.arch.clone(),
+                attached_at: rfc3339(w.attached_at),
+            })
+            .collect();
+        workers.sort_by(|a, b| (&a.origin, &a.sandbox_id).cmp(&(&b.origin, &b.sandbox_id)));
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 impl SbStatus {

@@ -136,7 +136,8 @@ impl Node {
         let hello = |sb: &Sandbox| pb::Hello {
             sandbox_id: sb.id.clone(),
             capacity_max: self.config().agent_capacity,
-            trust: "untrusted".into(),
+            // Vouched for by the channel, not by anything the agent says.
+            trust: crate::relay::AGENT_TRUST.into(),
             image: sb.image.clone(),
             ..Default::default()
         };
@@ -203,7 +204,7 @@ impl Node {
 
     /// After teardown: the worker, the holder and the FIFOs go.
     pub(super) async fn agent_gone(&self, id: &str) {
-        if let Some(w) = self.relay().worker(id) {
+        if let Some(w) = self.relay().agent(id) {
             self.relay().detach(&w, "sandbox destroyed");
         }
         let dir = self.agent_dir(id);
@@ -231,7 +232,8 @@ impl Node {
         req: &ExecRequest,
         tx: &tokio::sync::mpsc::Sender<ExecEvent>,
     ) -> Option<Result<Completed>> {
-        self.relay().worker(&sb.id)?;
+        // Only the sandbox's own agent (bound to its FIFOs): never an external worker.
+        self.relay().agent(&sb.id)?;
         let cwd = if req.working_dir.is_empty() {
             sb.workspace.mount_path.clone()
         } else {
@@ -257,7 +259,7 @@ impl Node {
         let started = Instant::now();
         let mut events = match self
             .relay()
-            .exec(pb::ExecRequest {
+            .exec_on_agent(pb::ExecRequest {
                 sandbox_id: sb.id.clone(),
                 exec: Some(pb::Exec {
                     req_id,
@@ -315,14 +317,14 @@ impl Node {
                 _ = tx.closed(), if !cancelled => {
                     info!(sandbox_id = %sb.id, req_id, "exec cancelled by client: SIGTERM (agent)");
                     cancelled = true;
-                    self.relay().abort(&sb.id, req_id).await;
+                    self.relay().abort_on_agent(&sb.id, req_id).await;
                 }
                 _ = &mut deadline, if !kill_sent => {
                     info!(sandbox_id = %sb.id, req_id, "exec timed out: SIGKILL (agent)");
                     timed_out = true;
                     kill_sent = true;
-                    self.relay().abort(&sb.id, req_id).await;
-                    self.relay().abort(&sb.id, req_id).await;
+                    self.relay().abort_on_agent(&sb.id, req_id).await;
+                    self.relay().abort_on_agent(&sb.id, req_id).await;
                 }
                 _ = ticker.tick(), if !kill_sent => {
                     let m = sb.meter.clone();
@@ -331,8 +333,8 @@ impl Node {
                             warn!(sandbox_id = %sb.id, req_id, limit, "exec over memory_bytes: SIGKILL (agent)");
                             oom = true;
                             kill_sent = true;
-                            self.relay().abort(&sb.id, req_id).await;
-                            self.relay().abort(&sb.id, req_id).await;
+                            self.relay().abort_on_agent(&sb.id, req_id).await;
+                            self.relay().abort_on_agent(&sb.id, req_id).await;
                         }
                     }
                 }

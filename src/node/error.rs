@@ -2,7 +2,7 @@
 
 use tonic::{Code, Status};
 
-use crate::{metering, runtime, workspace};
+use crate::{metering, relay, runtime, workspace};
 
 /// Errors of node operations, as callers of ComputeService see them.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +39,9 @@ pub enum Error {
     /// A metering read failed.
     #[error(transparent)]
     Metering(#[from] metering::Error),
+    /// The relay's worker admission or credential store (admin calls).
+    #[error(transparent)]
+    Relay(#[from] relay::Error),
     /// Anything else.
     #[error("{0}")]
     Internal(String),
@@ -103,6 +106,7 @@ impl From<Error> for Status {
             Error::Runtime(runtime::Error::Image(runtime::image::Error::Containerd(c))) => {
                 containerd_code(c)
             }
+            Error::Relay(r) => r.code(),
             Error::Runtime(_) | Error::Metering(_) | Error::Internal(_) => Code::Internal,
         };
         if code == Code::Internal || code == Code::Unavailable {

@@ -442,18 +442,41 @@ impl Node {
     pub fn new(cfg: Config, rt: Runtime) -> Self {
         let cgroup_version = CgroupVersion::detect(&cfg.cgroup_root);
         let helpers_dir = install_helpers(&cfg);
+        let credentials = crate::relay::auth::Credentials::new(
+            crate::relay::auth::Credentials::path_in(&cfg.state_dir),
+        );
         Self {
-            inner: Arc::new(Inner {
-                relay: crate::relay::Relay::new(crate::relay::Settings {
-                    heartbeat_timeout: Duration::from_millis(cfg.worker_heartbeat_timeout_ms),
-                    worker_wait: Duration::from_millis(cfg.worker_wait_ms),
-                }),
-                cfg,
-                rt,
-                cgroup_version,
-                table: Mutex::new(Table::default()),
-                helpers_dir,
-                pool_wake: tokio::sync::Notify::new(),
+            inner: Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
+                // A network worker may never take the id of a sandbox this node knows (live,
+                // destroyed or in the warm pool): that sandbox's worker is its own agent.
+                let me = me.clone();
+                let hosted = move |id: &str| {
+                    let Some(inner) = me.upgrade() else {
+                        return false;
+                    };
+                    let id = uuid::Uuid::parse_str(id)
+                        .map(|u| u.hyphenated().to_string())
+                        .unwrap_or_else(|_| id.to_string());
+                    Node { inner }.table().by_id.contains_key(&id)
+                };
+                Inner {
+                    relay: crate::relay::Relay::new(
+                        crate::relay::Settings {
+                            heartbeat_timeout: Duration::from_millis(
+                                cfg.worker_heartbeat_timeout_ms,
+                            ),
+                            worker_wait: Duration::from_millis(cfg.worker_wait_ms),
+                        },
+                        credentials,
+                        Box::new(hosted),
+                    ),
+                    cfg,
+                    rt,
+                    cgroup_version,
+                    table: Mutex::new(Table::default()),
+                    helpers_dir,
+                    pool_wake: tokio::sync::Notify::new(),
+                }
             }),
         }
     }
@@ -1143,6 +1166,11 @@ impl Node {
     /// Rebuilds the table from containerd labels and tombstones, resumes provisioning of
     /// sandboxes caught mid-start, and re-arms deadlines and exit watches.
     pub async fn recover(&self) -> Result<usize> {
+        // External workers' credentials survive restarts; a store that cannot be read stops
+        // the node rather than silently forgetting (or half-reading) them.
+        let relay = self.relay().clone();
+        let creds = blocking(move || relay.credentials().load()).await??;
+        info!(credentials = creds, "worker credentials loaded");
         let rt = &self.inner.rt;
         let containers = rt.ctr.list_containers().await?;
         let mut n = 0;

@@ -4,8 +4,16 @@
 //! Semantics (see `relay-sandbox-v1.proto.md`):
 //! * A worker sends `Hello` first, then heartbeats; any frame counts as liveness. A worker that
 //!   is silent for `heartbeat_timeout` is dropped and its in-flight execs end with `ExecError`.
-//! * A second `Hello` for the same sandbox_id replaces the first cleanly: the old stream is
-//!   closed and its in-flight execs end with `ExecError` ("worker replaced").
+//! * Two kinds of worker, kept apart ([`Origin`]). A sandbox's own in-sandbox agent is
+//!   registered only by the node, from the sandbox's private stdio FIFOs
+//!   ([`Relay::attach_in_sandbox`]); whatever its Hello says, its sandbox_id is the sandbox's.
+//!   An external worker attaches over the network and must present the credential the
+//!   operator issued for its sandbox_id ([`auth`]); it can never register under the id of a
+//!   sandbox this node hosts, so it can neither displace nor impersonate an agent, and
+//!   ComputeService's execs go to agents only.
+//! * A second `Hello` for the same sandbox_id (with a valid credential) replaces the first
+//!   cleanly: the old stream is closed and its in-flight execs end with `ExecError` ("worker
+//!   replaced").
 //! * `req_id` is the correlation and dedup key: an Exec whose req_id is in flight on that
 //!   worker is refused with ALREADY_EXISTS and never run twice.
 //! * `capacity_max` (0 = unlimited) bounds concurrent execs per worker: one more is
@@ -18,19 +26,104 @@
 //!   exec on the worker.
 
 pub use sandbox_agent::frame;
+pub mod auth;
 pub mod service;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, Notify};
 use tonic::Status;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::api::sandbox::v1 as pb;
 use pb::server_frame::Msg as ServerMsg;
 use pb::worker_frame::Msg as WorkerMsg;
+
+/// Errors of the relay's admission of workers and of its credential store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No credential, or one the node does not know.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// A valid credential that does not allow this sandbox_id, or an id no network worker
+    /// may take.
+    #[error("sandbox_id {sandbox_id}: {why}")]
+    PermissionDenied {
+        /// The sandbox_id the worker asked for.
+        sandbox_id: String,
+        /// Why not.
+        why: &'static str,
+    },
+    /// Revoke of a sandbox_id without a credential.
+    #[error("no worker credential for sandbox_id {0}")]
+    NoCredential(String),
+    /// A malformed request.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The credential file could not be read or written.
+    #[error("credential store {}: {source}", path.display())]
+    Store {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The kernel's random source failed.
+    #[error("random source: {0}")]
+    Random(String),
+}
+
+impl Error {
+    /// The gRPC code callers see.
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Error::Unauthenticated(_) => Code::Unauthenticated,
+            Error::PermissionDenied { .. } => Code::PermissionDenied,
+            Error::NoCredential(_) => Code::NotFound,
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::Store { .. } | Error::Random(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        let code = e.code();
+        if code == tonic::Code::Internal {
+            // The full chain stays in the log; the caller gets a short message.
+            error!(error = %e, "relay credential store failed");
+            return Status::new(code, "worker credential store failed");
+        }
+        Status::new(code, e.to_string())
+    }
+}
+
+/// How a worker reached the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A sandbox's own agent, over the sandbox's stdio FIFOs (only the node registers it).
+    Agent,
+    /// An external worker over `SandboxWorker.Attach`, admitted with a credential.
+    Network,
+}
+
+impl Origin {
+    /// The word listings show.
+    pub fn word(self) -> &'static str {
+        match self {
+            Origin::Agent => "agent",
+            Origin::Network => "network",
+        }
+    }
+}
+
+/// The trust the node records for an in-sandbox agent: vouched for by the channel (the
+/// sandbox's private FIFOs), never taken from the agent's Hello.
+pub const AGENT_TRUST: &str = "trusted";
 
 /// Relay settings.
 #[derive(Debug, Clone)]
@@ -63,8 +156,12 @@ struct Inflight {
 /// One attached worker.
 pub struct Worker {
     id: u64,
-    /// Its Hello.
+    /// Its Hello (for an in-sandbox agent: as the node rewrote it).
     pub hello: pb::Hello,
+    /// How it attached.
+    pub origin: Origin,
+    /// When it attached.
+    pub attached_at: SystemTime,
     tx: mpsc::Sender<Result<pb::ServerFrame, Status>>,
     inflight: Mutex<HashMap<u64, Inflight>>,
     last_seen: Mutex<Instant>,
@@ -101,9 +198,20 @@ impl Worker {
     }
 }
 
+/// The frames the relay sends one worker.
+pub type FrameRx = mpsc::Receiver<Result<pb::ServerFrame, Status>>;
+
+/// Whether a sandbox_id names a sandbox this node hosts (its worker can only be its agent).
+pub type Hosted = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
 struct Inner {
     settings: Settings,
+    /// In-sandbox agents, by sandbox_id.
+    agents: Mutex<HashMap<String, Arc<Worker>>>,
+    /// External workers, by sandbox_id.
     workers: Mutex<HashMap<String, Arc<Worker>>>,
+    credentials: auth::Credentials,
+    hosted: Hosted,
     attached: Notify,
     next_id: std::sync::atomic::AtomicU64,
 }
@@ -115,12 +223,16 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// A relay with `settings`; spawns its heartbeat watchdog.
-    pub fn new(settings: Settings) -> Self {
+    /// A relay with `settings`, admitting external workers with `credentials` and never under
+    /// an id `hosted` claims; spawns its heartbeat watchdog.
+    pub fn new(settings: Settings, credentials: auth::Credentials, hosted: Hosted) -> Self {
         let r = Self {
             inner: Arc::new(Inner {
                 settings,
+                agents: Mutex::new(HashMap::new()),
                 workers: Mutex::new(HashMap::new()),
+                credentials,
+                hosted,
                 attached: Notify::new(),
                 next_id: Default::default(),
             }),
@@ -150,39 +262,80 @@ impl Relay {
         }
     }
 
-    /// The worker attached for a sandbox.
+    fn registry(&self, origin: Origin) -> &Mutex<HashMap<String, Arc<Worker>>> {
+        match origin {
+            Origin::Agent => &self.inner.agents,
+            Origin::Network => &self.inner.workers,
+        }
+    }
+
+    /// The credential store of external workers.
+    pub fn credentials(&self) -> &auth::Credentials {
+        &self.inner.credentials
+    }
+
+    /// Whether `sandbox_id` names a sandbox this node hosts (no network worker may take it).
+    pub fn is_hosted(&self, sandbox_id: &str) -> bool {
+        (self.inner.hosted)(sandbox_id)
+    }
+
+    /// The in-sandbox agent attached for a sandbox.
+    pub fn agent(&self, sandbox_id: &str) -> Option<Arc<Worker>> {
+        lock(&self.inner.agents).get(sandbox_id).cloned()
+    }
+
+    /// The worker that serves `SandboxExec` for a sandbox: its agent, else an external worker.
     pub fn worker(&self, sandbox_id: &str) -> Option<Arc<Worker>> {
-        lock(&self.inner.workers).get(sandbox_id).cloned()
+        self.agent(sandbox_id)
+            .or_else(|| lock(&self.inner.workers).get(sandbox_id).cloned())
     }
 
-    /// Every attached worker.
+    /// Every attached worker, agents first.
     pub fn workers(&self) -> Vec<Arc<Worker>> {
-        lock(&self.inner.workers).values().cloned().collect()
+        let mut v: Vec<Arc<Worker>> = lock(&self.inner.agents).values().cloned().collect();
+        v.extend(lock(&self.inner.workers).values().cloned());
+        v
     }
 
-    /// Registers a worker after its Hello; replaces (and closes) an earlier one for the same
-    /// sandbox. Returns the worker and the stream of frames to send it.
-    pub fn attach(
+    /// Admits an external worker: `token` must be the credential of the Hello's sandbox_id,
+    /// and that id must not be a sandbox this node hosts. Then registers it like
+    /// [`Relay::attach_in_sandbox`] does an agent, replacing an earlier external worker.
+    pub fn attach_network(
         &self,
         hello: pb::Hello,
-    ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
-        self.attach_with(hello, true)
+        token: Option<&str>,
+    ) -> Result<(Arc<Worker>, FrameRx), Error> {
+        if hello.sandbox_id.is_empty() {
+            return Err(Error::InvalidArgument("Hello needs a sandbox_id".into()));
+        }
+        if let Err(e) = self.inner.credentials.verify(&hello.sandbox_id, token) {
+            warn!(sandbox_id = %hello.sandbox_id, error = %e, "worker refused");
+            return Err(e);
+        }
+        if (self.inner.hosted)(&hello.sandbox_id) {
+            let e = Error::PermissionDenied {
+                sandbox_id: hello.sandbox_id.clone(),
+                why: "a compute sandbox's only worker is its in-sandbox agent",
+            };
+            warn!(sandbox_id = %hello.sandbox_id, error = %e, "worker refused");
+            return Err(e);
+        }
+        let mut hello = hello;
+        if hello.trust.is_empty() {
+            hello.trust = "untrusted".into();
+        }
+        Ok(self.attach_with(hello, Origin::Network))
     }
 
-    /// `attach` for a sandbox's own agent, whose link ends with the sandbox: no heartbeat
-    /// deadline.
-    pub fn attach_in_sandbox(
-        &self,
-        hello: pb::Hello,
-    ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
-        self.attach_with(hello, false)
+    /// Registers a sandbox's own agent, which the node reached over the sandbox's private
+    /// FIFOs; `hello` is the node's (its sandbox_id is the sandbox's). Replaces an earlier
+    /// agent of the same sandbox (a re-attach). No heartbeat deadline: the link ends with the
+    /// sandbox.
+    pub fn attach_in_sandbox(&self, hello: pb::Hello) -> (Arc<Worker>, FrameRx) {
+        self.attach_with(hello, Origin::Agent)
     }
 
-    fn attach_with(
-        &self,
-        hello: pb::Hello,
-        watched: bool,
-    ) -> (Arc<Worker>, mpsc::Receiver<Result<pb::ServerFrame, Status>>) {
+    fn attach_with(&self, hello: pb::Hello, origin: Origin) -> (Arc<Worker>, FrameRx) {
         let (tx, rx) = mpsc::channel(256);
         let w = Arc::new(Worker {
             id: self
@@ -190,20 +343,23 @@ impl Relay {
                 .next_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             hello,
+            origin,
+            attached_at: SystemTime::now(),
             tx,
             inflight: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(Instant::now()),
-            watched,
+            watched: origin == Origin::Network,
         });
-        let old = lock(&self.inner.workers).insert(w.hello.sandbox_id.clone(), w.clone());
+        let old = lock(self.registry(origin)).insert(w.hello.sandbox_id.clone(), w.clone());
         if let Some(old) = old {
-            info!(sandbox_id = %w.hello.sandbox_id, "worker replaced by a new Hello");
+            info!(sandbox_id = %w.hello.sandbox_id, origin = origin.word(), "worker replaced by a new Hello");
             old.fail_all("worker replaced");
             let _ = old
                 .tx
                 .try_send(Err(Status::aborted("replaced by a new worker")));
         }
-        info!(sandbox_id = %w.hello.sandbox_id, capacity = w.hello.capacity_max, "worker attached");
+        info!(sandbox_id = %w.hello.sandbox_id, origin = origin.word(), trust = %w.hello.trust,
+              capacity = w.hello.capacity_max, "worker attached");
         self.inner.attached.notify_waiters();
         (w, rx)
     }
@@ -211,7 +367,7 @@ impl Relay {
     /// Removes a worker (if it is still the registered one) and fails its in-flight execs.
     pub fn detach(&self, w: &Arc<Worker>, why: &str) {
         {
-            let mut ws = lock(&self.inner.workers);
+            let mut ws = lock(self.registry(w.origin));
             if ws
                 .get(&w.hello.sandbox_id)
                 .is_some_and(|cur| cur.id == w.id)
@@ -221,6 +377,20 @@ impl Relay {
         }
         w.fail_all(why);
         let _ = w.tx.try_send(Err(Status::unavailable(why.to_string())));
+    }
+
+    /// Disconnects the external worker of a sandbox_id (its credential was revoked); returns
+    /// whether there was one.
+    pub fn disconnect_network(&self, sandbox_id: &str, why: &str) -> bool {
+        let w = lock(&self.inner.workers).get(sandbox_id).cloned();
+        match w {
+            Some(w) => {
+                info!(sandbox_id, why, "external worker disconnected");
+                self.detach(&w, why);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Handles one frame from a worker.
@@ -270,11 +440,19 @@ impl Relay {
         }
     }
 
-    async fn wait_worker(&self, sandbox_id: &str) -> Result<Arc<Worker>, Status> {
+    fn find(&self, sandbox_id: &str, agent_only: bool) -> Option<Arc<Worker>> {
+        if agent_only {
+            self.agent(sandbox_id)
+        } else {
+            self.worker(sandbox_id)
+        }
+    }
+
+    async fn wait_worker(&self, sandbox_id: &str, agent_only: bool) -> Result<Arc<Worker>, Status> {
         let deadline = Instant::now() + self.inner.settings.worker_wait;
         loop {
             let notified = self.inner.attached.notified();
-            if let Some(w) = self.worker(sandbox_id) {
+            if let Some(w) = self.find(sandbox_id, agent_only) {
                 return Ok(w);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -287,10 +465,28 @@ impl Relay {
         }
     }
 
-    /// Starts an exec on the sandbox's worker; events arrive on the returned receiver.
+    /// Starts an exec on the sandbox's worker (`SandboxExec`: its agent, else an external
+    /// worker); events arrive on the returned receiver.
     pub async fn exec(
         &self,
         req: pb::ExecRequest,
+    ) -> Result<mpsc::UnboundedReceiver<Result<pb::ExecEvent, Status>>, Status> {
+        self.exec_with(req, false).await
+    }
+
+    /// Starts an exec on the sandbox's in-sandbox agent only (ComputeService's execs: an
+    /// external worker, whatever its trust, never gets them).
+    pub async fn exec_on_agent(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<mpsc::UnboundedReceiver<Result<pb::ExecEvent, Status>>, Status> {
+        self.exec_with(req, true).await
+    }
+
+    async fn exec_with(
+        &self,
+        req: pb::ExecRequest,
+        agent_only: bool,
     ) -> Result<mpsc::UnboundedReceiver<Result<pb::ExecEvent, Status>>, Status> {
         let exec = req
             .exec
@@ -301,7 +497,7 @@ impl Relay {
         if exec.command.is_empty() {
             return Err(Status::invalid_argument("command is required"));
         }
-        let w = self.wait_worker(&req.sandbox_id).await?;
+        let w = self.wait_worker(&req.sandbox_id, agent_only).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         {
             let mut inflight = lock(&w.inflight);
@@ -359,11 +555,97 @@ impl Relay {
 
     /// Aborts an in-flight exec; an unknown req_id (or sandbox) is a no-op.
     pub async fn abort(&self, sandbox_id: &str, req_id: u64) {
-        if let Some(w) = self.worker(sandbox_id) {
+        self.abort_with(sandbox_id, req_id, false).await
+    }
+
+    /// Aborts an in-flight exec of the sandbox's agent.
+    pub async fn abort_on_agent(&self, sandbox_id: &str, req_id: u64) {
+        self.abort_with(sandbox_id, req_id, true).await
+    }
+
+    async fn abort_with(&self, sandbox_id: &str, req_id: u64, agent_only: bool) {
+        if let Some(w) = self.find(sandbox_id, agent_only) {
             let known = lock(&w.inflight).contains_key(&req_id);
             if known {
                 self.send_abort(&w, req_id).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(id: &str, trust: &str) -> pb::Hello {
+        pb::Hello {
+            sandbox_id: id.into(),
+            trust: trust.into(),
+            ..Default::default()
+        }
+    }
+
+    fn relay(dir: &std::path::Path) -> Relay {
+        let creds = auth::Credentials::new(auth::Credentials::path_in(dir));
+        Relay::new(
+            Settings::default(),
+            creds,
+            Box::new(|id: &str| id == "compute-1"),
+        )
+    }
+
+    #[tokio::test]
+    async fn network_workers_never_reach_an_agents_registry() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = relay(dir.path());
+        let (ext, _) = r.credentials().issue("ext-1", None).unwrap();
+        let ext = ext.unwrap();
+        // A planted credential for the compute sandbox's id.
+        let (planted, _) = r.credentials().issue("compute-1", None).unwrap();
+        let planted = planted.unwrap();
+        let (agent, _agent_rx) = r.attach_in_sandbox(hello("compute-1", AGENT_TRUST));
+
+        // Table: (Hello's id, token) → outcome.
+        let cases: Vec<(&str, Option<&str>, tonic::Code)> = vec![
+            ("compute-1", None, tonic::Code::Unauthenticated),
+            ("compute-1", Some("cwt_bogus"), tonic::Code::Unauthenticated),
+            ("compute-1", Some(&ext), tonic::Code::PermissionDenied),
+            ("compute-1", Some(&planted), tonic::Code::PermissionDenied),
+            ("ext-2", Some(&ext), tonic::Code::PermissionDenied),
+            ("", Some(&ext), tonic::Code::InvalidArgument),
+        ];
+        for (id, tok, want) in &cases {
+            let got = r
+                .attach_network(hello(id, "trusted"), *tok)
+                .err()
+                .map(|e| e.code());
+            assert_eq!(got, Some(*want), "{id} {tok:?}");
+        }
+        // The agent is still the one registered, and the only one ExecCommand may use.
+        assert_eq!(r.agent("compute-1").unwrap().id, agent.id);
+        assert_eq!(r.workers().len(), 1);
+
+        // A legitimate external worker: recorded with its trust (empty = untrusted), never an
+        // agent.
+        let (w, _rx) = r.attach_network(hello("ext-1", ""), Some(&ext)).unwrap();
+        assert_eq!(w.origin, Origin::Network);
+        assert_eq!(w.hello.trust, "untrusted");
+        assert!(r.agent("ext-1").is_none());
+        assert_eq!(r.worker("ext-1").unwrap().id, w.id);
+        let err = r
+            .exec_on_agent(pb::ExecRequest {
+                sandbox_id: "ext-1".into(),
+                exec: Some(pb::Exec {
+                    req_id: 1,
+                    command: "true".into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        // Revoke disconnects it.
+        assert!(r.disconnect_network("ext-1", "revoked"));
+        assert!(r.worker("ext-1").is_none());
     }
 }

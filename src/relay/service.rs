@@ -7,7 +7,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
-use super::Relay;
+use super::{auth, Error, Relay};
 use crate::api::sandbox::v1 as pb;
 use pb::sandbox_exec_server::SandboxExec;
 use pb::sandbox_worker_server::SandboxWorker;
@@ -39,6 +39,19 @@ impl SandboxWorker for RelayService {
         &self,
         req: Request<Streaming<pb::WorkerFrame>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        // The credential (never logged). Without one, refuse before waiting for a Hello.
+        let token = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(auth::bearer)
+            .map(str::to_string);
+        if token.is_none() {
+            debug!("worker without a credential refused");
+            return Err(
+                Error::Unauthenticated("no credential (authorization: Bearer <token>)").into(),
+            );
+        }
         let mut frames = req.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, frames.message())
             .await
@@ -50,7 +63,7 @@ impl SandboxWorker for RelayService {
             }
             _ => return Err(Status::invalid_argument("the first frame must be Hello")),
         };
-        let (w, rx) = self.relay.attach(hello);
+        let (w, rx) = self.relay.attach_network(hello, token.as_deref())?;
         let relay = self.relay.clone();
         tokio::spawn(async move {
             loop {

@@ -188,9 +188,15 @@ pub async fn serve(
         .add_service(v1)
         .add_service(v1alpha)
         .add_service(
-            crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone()),
+            crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone())
+                .max_decoding_message_size(crate::server::MAX_MESSAGE)
+                .max_encoding_message_size(crate::server::MAX_MESSAGE),
         )
-        .add_service(crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay))
+        .add_service(
+            crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay)
+                .max_decoding_message_size(crate::server::MAX_MESSAGE)
+                .max_encoding_message_size(crate::server::MAX_MESSAGE),
+        )
         .add_service(svc)
         .serve_with_incoming_shutdown(crate::server::tcp_incoming(l), shutdown)
         .await?;
@@ -216,6 +222,16 @@ type FrameStream =
 type RelayEventStream =
     Pin<Box<dyn Stream<Item = Result<crate::api::sandbox::v1::ExecEvent, Status>> + Send>>;
 
+/// A request to a node carrying the caller's `authorization` metadata (the worker's
+/// credential, which only the node checks; never logged here).
+fn with_authorization<T>(from: &tonic::metadata::MetadataMap, msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Some(v) = from.get("authorization") {
+        r.metadata_mut().insert("authorization", v.clone());
+    }
+    r
+}
+
 #[tonic::async_trait]
 impl crate::api::sandbox::v1::sandbox_worker_server::SandboxWorker for RelayForwarder {
     type AttachStream = FrameStream;
@@ -225,6 +241,7 @@ impl crate::api::sandbox::v1::sandbox_worker_server::SandboxWorker for RelayForw
         req: Request<tonic::Streaming<crate::api::sandbox::v1::WorkerFrame>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
         use crate::api::sandbox::v1 as sb;
+        let metadata = req.metadata().clone();
         let mut frames = req.into_inner();
         // The Hello names the sandbox, and so the node.
         let first = frames
@@ -248,10 +265,48 @@ impl crate::api::sandbox::v1::sandbox_worker_server::SandboxWorker for RelayForw
             }
         });
         let upstream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let mut client =
-            sb::sandbox_worker_client::SandboxWorkerClient::new(self.r.node_channel(&n)?);
-        let down = client.attach(upstream).await?.into_inner();
+        let down = self
+            .worker_client(&n)?
+            .attach(with_authorization(&metadata, upstream))
+            .await?
+            .into_inner();
         Ok(Response::new(Box::pin(down)))
+    }
+}
+
+impl RelayForwarder {
+    fn worker_client(
+        &self,
+        n: &NodeEndpoint,
+    ) -> Result<
+        crate::api::sandbox::v1::sandbox_worker_client::SandboxWorkerClient<
+            tonic::transport::Channel,
+        >,
+        Status,
+    > {
+        Ok(
+            crate::api::sandbox::v1::sandbox_worker_client::SandboxWorkerClient::new(
+                self.r.node_channel(n)?,
+            )
+            .max_decoding_message_size(crate::server::MAX_MESSAGE)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE),
+        )
+    }
+
+    fn exec_client(
+        &self,
+        n: &NodeEndpoint,
+    ) -> Result<
+        crate::api::sandbox::v1::sandbox_exec_client::SandboxExecClient<tonic::transport::Channel>,
+        Status,
+    > {
+        Ok(
+            crate::api::sandbox::v1::sandbox_exec_client::SandboxExecClient::new(
+                self.r.node_channel(n)?,
+            )
+            .max_decoding_message_size(crate::server::MAX_MESSAGE)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE),
+        )
     }
 }
 
@@ -263,11 +318,14 @@ impl crate::api::sandbox::v1::sandbox_exec_server::SandboxExec for RelayForwarde
         &self,
         req: Request<crate::api::sandbox::v1::ExecRequest>,
     ) -> Result<Response<Self::ExecStream>, Status> {
-        use crate::api::sandbox::v1 as sb;
+        let metadata = req.metadata().clone();
         let req = req.into_inner();
         let n = self.r.relay_node(&req.sandbox_id).await?;
-        let mut client = sb::sandbox_exec_client::SandboxExecClient::new(self.r.node_channel(&n)?);
-        let s = client.exec(req).await?.into_inner();
+        let s = self
+            .exec_client(&n)?
+            .exec(with_authorization(&metadata, req))
+            .await?
+            .into_inner();
         Ok(Response::new(Box::pin(s)))
     }
 
@@ -275,10 +333,14 @@ impl crate::api::sandbox::v1::sandbox_exec_server::SandboxExec for RelayForwarde
         &self,
         req: Request<crate::api::sandbox::v1::AbortRequest>,
     ) -> Result<Response<crate::api::sandbox::v1::AbortResponse>, Status> {
-        use crate::api::sandbox::v1 as sb;
+        let metadata = req.metadata().clone();
         let req = req.into_inner();
         let n = self.r.relay_node(&req.sandbox_id).await?;
-        let mut client = sb::sandbox_exec_client::SandboxExecClient::new(self.r.node_channel(&n)?);
-        Ok(Response::new(client.abort(req).await?.into_inner()))
+        Ok(Response::new(
+            self.exec_client(&n)?
+                .abort(with_authorization(&metadata, req))
+                .await?
+                .into_inner(),
+        ))
     }
 }
