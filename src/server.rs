@@ -202,18 +202,55 @@ pub async fn serve(
 /// The TCP listener's TLS settings: none without `tls_cert`; with `tls_client_ca`, client
 /// certificates signed by that CA are required (tonic rejects a handshake without one).
 pub fn tls_config(cfg: &crate::config::Config) -> Result<Option<ServerTlsConfig>, Error> {
-    if cfg.tls_cert.as_os_str().is_empty() {
+    tls_files(&cfg.tls_cert, &cfg.tls_key, &cfg.tls_client_ca)
+}
+
+/// A TCP listener's TLS settings from PEM files (the node's and the router's): none when `cert`
+/// is empty; with a non-empty `client_ca`, client certificates signed by it are required
+/// (mutual TLS). The files are read here; their contents are checked by
+/// [`check_server_tls`] or when the server starts.
+pub fn tls_files(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+) -> Result<Option<ServerTlsConfig>, Error> {
+    if cert.as_os_str().is_empty() {
         return Ok(None);
     }
     let read = |p: &Path| std::fs::read(p).map_err(|e| Error::Tls(format!("{}: {e}", p.display())));
-    let identity = Identity::from_pem(read(&cfg.tls_cert)?, read(&cfg.tls_key)?);
+    let identity = Identity::from_pem(read(cert)?, read(key)?);
     let mut tls = ServerTlsConfig::new().identity(identity);
-    if !cfg.tls_client_ca.as_os_str().is_empty() {
+    if !client_ca.as_os_str().is_empty() {
         tls = tls
-            .client_ca_root(Certificate::from_pem(read(&cfg.tls_client_ca)?))
+            .client_ca_root(Certificate::from_pem(read(client_ca)?))
             .client_auth_optional(false);
     }
     Ok(Some(tls))
+}
+
+/// Builds the TLS acceptor of `tls` once, so that a certificate or key that does not parse (or
+/// a key that does not match its certificate) is an error before any port is bound, not at the
+/// first handshake.
+pub fn check_server_tls(tls: &ServerTlsConfig) -> Result<(), Error> {
+    Server::builder()
+        .tls_config(tls.clone())
+        .map(|_| ())
+        .map_err(|e| Error::Tls(error_chain(&e)))
+}
+
+/// An error and its sources on one line (tonic's transport errors say little at the top).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        src = c.source();
+    }
+    s
 }
 
 /// A request that does not decode (e.g. a string field holding invalid UTF-8) is the caller's
