@@ -238,19 +238,23 @@ pub fn check_server_tls(tls: &ServerTlsConfig) -> Result<(), Error> {
         .map_err(|e| Error::Tls(error_chain(&e)))
 }
 
-/// An error and its sources on one line (tonic's transport errors say little at the top).
+/// An error and its sources on one line, each message once (tonic's transport errors say
+/// "transport error" at the top and repeat their causes' messages).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(c) = next {
         let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
+        if !parts.iter().any(|p| p.contains(&m)) {
+            // A cause that repeats the message above it with more detail replaces it.
+            match parts.last_mut() {
+                Some(last) if m.contains(last.as_str()) => *last = m,
+                _ => parts.push(m),
+            }
         }
-        src = c.source();
+        next = c.source();
     }
-    s
+    parts.join(": ")
 }
 
 /// A request that does not decode (e.g. a string field holding invalid UTF-8) is the caller's
@@ -319,3 +323,51 @@ pub fn tcp_incoming(l: tokio::net::TcpListener) -> tonic::transport::server::Tcp
 /// The HTTP/2 flow-control window of a stream (the connection's is twice this). Clients that
 /// move files should use the same (`Endpoint::initial_stream_window_size`).
 pub const WINDOW: u32 = 16 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct E(&'static str, Option<Box<E>>);
+
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for E {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    fn chain(msgs: &[&'static str]) -> E {
+        msgs.iter()
+            .rev()
+            .fold(None, |src, m| Some(E(m, src.map(Box::new))))
+            .unwrap()
+    }
+
+    #[test]
+    fn error_chains_say_each_thing_once() {
+        for (msgs, want) in [
+            (&["a"][..], "a"),
+            (
+                &["transport error", "transport error", "refused"][..],
+                "transport error: refused",
+            ),
+            (
+                &["tcp connect error", "tcp connect error: refused"][..],
+                "tcp connect error: refused",
+            ),
+            (
+                &["x: bad cert", "transport error", "bad cert"][..],
+                "x: bad cert: transport error",
+            ),
+        ] {
+            assert_eq!(error_chain(&chain(msgs)), want, "{msgs:?}");
+        }
+    }
+}

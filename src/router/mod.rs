@@ -246,9 +246,7 @@ impl Router {
                     // The transport's cause (refused, TLS handshake, certificate) is in the
                     // status's sources.
                     Ok(Err(s)) => Err(match std::error::Error::source(&s) {
-                        Some(cause) => {
-                            format!("{}: {}", s.message(), crate::server::error_chain(cause))
-                        }
+                        Some(cause) => crate::server::error_chain(cause),
                         None => s.message().to_string(),
                     }),
                     Err(_) => Err(format!("no answer within {timeout:?}")),
