@@ -208,18 +208,59 @@ pub async fn serve(
 /// The TCP listener's TLS settings: none without `tls_cert`; with `tls_client_ca`, client
 /// certificates signed by that CA are required (tonic rejects a handshake without one).
 pub fn tls_config(cfg: &crate::config::Config) -> Result<Option<ServerTlsConfig>, Error> {
-    if cfg.tls_cert.as_os_str().is_empty() {
+    tls_files(&cfg.tls_cert, &cfg.tls_key, &cfg.tls_client_ca)
+}
+
+/// A TCP listener's TLS settings from PEM files (the node's and the router's): none when `cert`
+/// is empty; with a non-empty `client_ca`, client certificates signed by it are required
+/// (mutual TLS). The files are read here; their contents are checked by
+/// [`check_server_tls`] or when the server starts.
+pub fn tls_files(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+) -> Result<Option<ServerTlsConfig>, Error> {
+    if cert.as_os_str().is_empty() {
         return Ok(None);
     }
     let read = |p: &Path| std::fs::read(p).map_err(|e| Error::Tls(format!("{}: {e}", p.display())));
-    let identity = Identity::from_pem(read(&cfg.tls_cert)?, read(&cfg.tls_key)?);
+    let identity = Identity::from_pem(read(cert)?, read(key)?);
     let mut tls = ServerTlsConfig::new().identity(identity);
-    if !cfg.tls_client_ca.as_os_str().is_empty() {
+    if !client_ca.as_os_str().is_empty() {
         tls = tls
-            .client_ca_root(Certificate::from_pem(read(&cfg.tls_client_ca)?))
+            .client_ca_root(Certificate::from_pem(read(client_ca)?))
             .client_auth_optional(false);
     }
     Ok(Some(tls))
+}
+
+/// Builds the TLS acceptor of `tls` once, so that a certificate or key that does not parse (or
+/// a key that does not match its certificate) is an error before any port is bound, not at the
+/// first handshake.
+pub fn check_server_tls(tls: &ServerTlsConfig) -> Result<(), Error> {
+    Server::builder()
+        .tls_config(tls.clone())
+        .map(|_| ())
+        .map_err(|e| Error::Tls(error_chain(&e)))
+}
+
+/// An error and its sources on one line, each message once (tonic's transport errors say
+/// "transport error" at the top and repeat their causes' messages).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(c) = next {
+        let m = c.to_string();
+        if !parts.iter().any(|p| p.contains(&m)) {
+            // A cause that repeats the message above it with more detail replaces it.
+            match parts.last_mut() {
+                Some(last) if m.contains(last.as_str()) => *last = m,
+                _ => parts.push(m),
+            }
+        }
+        next = c.source();
+    }
+    parts.join(": ")
 }
 
 /// A request that does not decode (e.g. a string field holding invalid UTF-8) is the caller's
@@ -288,3 +329,51 @@ pub fn tcp_incoming(l: tokio::net::TcpListener) -> tonic::transport::server::Tcp
 /// The HTTP/2 flow-control window of a stream (the connection's is twice this). Clients that
 /// move files should use the same (`Endpoint::initial_stream_window_size`).
 pub const WINDOW: u32 = 16 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct E(&'static str, Option<Box<E>>);
+
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for E {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    fn chain(msgs: &[&'static str]) -> E {
+        msgs.iter()
+            .rev()
+            .fold(None, |src, m| Some(E(m, src.map(Box::new))))
+            .unwrap()
+    }
+
+    #[test]
+    fn error_chains_say_each_thing_once() {
+        for (msgs, want) in [
+            (&["a"][..], "a"),
+            (
+                &["transport error", "transport error", "refused"][..],
+                "transport error: refused",
+            ),
+            (
+                &["tcp connect error", "tcp connect error: refused"][..],
+                "tcp connect error: refused",
+            ),
+            (
+                &["x: bad cert", "transport error", "bad cert"][..],
+                "x: bad cert: transport error",
+            ),
+        ] {
+            assert_eq!(error_chain(&chain(msgs)), want, "{msgs:?}");
+        }
+    }
+}

@@ -5,14 +5,14 @@
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::pki::{write, Ca};
 use common::*;
 use computed::api::compute::v1 as pb;
 use pb::compute_service_client::ComputeServiceClient;
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use rcgen::ExtendedKeyUsagePurpose;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -117,38 +117,6 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process:
     }
 }
 
-/// A CA: its certificate (PEM) and what signs with it.
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let cert = p.self_signed(&key).unwrap();
-        Ca { cert, key }
-    }
-
-    fn pem(&self) -> String {
-        self.cert.pem()
-    }
-
-    /// A leaf signed by this CA: (certificate PEM, key PEM).
-    fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
-        let mut p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .unwrap();
-        p.distinguished_name.push(DnType::CommonName, names[0]);
-        p.extended_key_usages = vec![usage];
-        let key = KeyPair::generate().unwrap();
-        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
 /// Connects over TLS trusting `ca`, presenting `client` if given, and asks health and
 /// ComputeService something: Ok only if both answered.
 async fn call(addr: &str, ca: &str, client: Option<&(String, String)>) -> Result<(), String> {
@@ -191,12 +159,6 @@ async fn health_and_compute(ch: Channel) -> Result<(), String> {
         Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
         other => Err(format!("describe: {other:?}")),
     }
-}
-
-fn write(dir: &Path, name: &str, data: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, data).unwrap();
-    p.display().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -44,6 +44,7 @@ async fn node_set_follows_the_daemonset_pods() {
         "compute-system",
         "app.kubernetes.io/name=computed-node",
         50051,
+        computed::router::tls::Scheme::Http,
         true,
     );
 

@@ -4,95 +4,15 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::router::RouterProc;
 use common::*;
 use computed::api::compute::v1 as pb;
 use pb::compute_service_client::ComputeServiceClient;
 use tonic::transport::Channel;
 use tonic::Code;
-
-struct RouterProc {
-    child: Option<Child>,
-    addr: String,
-    nodes: String,
-    log: std::path::PathBuf,
-}
-
-impl RouterProc {
-    fn start(nodes: &str, dir: &std::path::Path, name: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut r = RouterProc {
-            child: None,
-            addr: format!("127.0.0.1:{port}"),
-            nodes: nodes.to_string(),
-            log: dir.join(format!("router-{name}.log")),
-        };
-        r.spawn();
-        r
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_computed"))
-            .args([
-                "router",
-                "--listen",
-                &self.addr,
-                "--nodes",
-                &self.nodes,
-                "--metrics-listen",
-                "",
-            ])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&self.addr).is_err() {
-            assert!(Instant::now() < deadline, "router did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    async fn client(&self) -> ComputeServiceClient<Channel> {
-        let ch = Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        ComputeServiceClient::new(ch)
-    }
-
-    /// Waits until the router sees `n` ready nodes (health SERVING and a create succeeds is too
-    /// coarse: poll until every node answered once).
-    async fn wait_nodes(&self) {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-    }
-}
-
-impl Drop for RouterProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// Which node daemon owns a sandbox, by asking each directly.
 async fn owner(nodes: &[Daemon], id: &str) -> Option<usize> {

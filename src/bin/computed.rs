@@ -77,6 +77,68 @@ struct RouterArgs {
     /// Prometheus metrics address; empty disables.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_listen: String,
+    /// PEM CA bundle the nodes' certificates are verified against. Set, nodes are dialed with
+    /// TLS (https) and never in plaintext; alone, server-verified TLS.
+    #[arg(long, env = "COMPUTE_ROUTER_NODE_TLS_CA", value_parser = maybe_path)]
+    node_tls_ca: Option<PathBuf>,
+    /// PEM client certificate presented to the nodes (mutual TLS); needs --node-tls-key and
+    /// --node-tls-ca.
+    #[arg(long, env = "COMPUTE_ROUTER_NODE_TLS_CERT", value_parser = maybe_path)]
+    node_tls_cert: Option<PathBuf>,
+    /// PEM private key of --node-tls-cert.
+    #[arg(long, env = "COMPUTE_ROUTER_NODE_TLS_KEY", value_parser = maybe_path)]
+    node_tls_key: Option<PathBuf>,
+    /// Verify every node's certificate against this DNS name (or IP) instead of the host it is
+    /// dialed at (the pod IP under Kubernetes discovery).
+    #[arg(long, env = "COMPUTE_ROUTER_NODE_TLS_SERVER_NAME")]
+    node_tls_server_name: Option<String>,
+    /// PEM certificate chain of the router's own listener; with --tls-key it serves TLS.
+    #[arg(long, env = "COMPUTE_ROUTER_TLS_CERT", value_parser = maybe_path)]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "COMPUTE_ROUTER_TLS_KEY", value_parser = maybe_path)]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle: callers must present a certificate signed by it (mutual TLS; needs
+    /// --tls-cert and --tls-key).
+    #[arg(long, env = "COMPUTE_ROUTER_TLS_CLIENT_CA", value_parser = maybe_path)]
+    tls_client_ca: Option<PathBuf>,
+}
+
+/// A path flag that may be empty: an environment variable set to "" (e.g. by an overlay
+/// turning TLS off) counts as unset.
+fn maybe_path(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
+}
+
+/// What the router's flags name, read and checked before anything starts.
+struct RouterSetup {
+    node_tls: Option<computed::router::tls::NodeTls>,
+    listener_tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The `--nodes` list (empty: Kubernetes discovery).
+    static_nodes: computed::router::NodeSet,
+}
+
+impl RouterSetup {
+    fn load(a: &RouterArgs) -> Result<Self, computed::router::tls::Error> {
+        use computed::router::{discovery, tls};
+        let node_tls = tls::NodeTls::load(
+            a.node_tls_ca.as_deref(),
+            a.node_tls_cert.as_deref(),
+            a.node_tls_key.as_deref(),
+            a.node_tls_server_name.as_deref(),
+        )?;
+        let listener_tls = tls::listener(
+            a.tls_cert.as_deref(),
+            a.tls_key.as_deref(),
+            a.tls_client_ca.as_deref(),
+        )?;
+        let static_nodes = discovery::static_nodes(&a.nodes, tls::scheme(node_tls.as_ref()))?;
+        Ok(Self {
+            node_tls,
+            listener_tls,
+            static_nodes,
+        })
+    }
 }
 
 /// Opens `output` read-write (so the shim's writer never lacks a reader, even while the daemon
@@ -162,6 +224,18 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    // The router's TLS files and node list: a bad one is one line and exit 64, before any port
+    // is bound (as a bad node config).
+    let mut router = None;
+    if let Cmd::Router(a) = &args.cmd {
+        match RouterSetup::load(a) {
+            Ok(s) => router = Some(s),
+            Err(e) => {
+                eprintln!("computed: {e}");
+                return ExitCode::from(64);
+            }
+        }
+    }
     cli::init_tracing(cfg.log_json);
     let rt = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -173,7 +247,10 @@ fn main() -> ExitCode {
     let res = rt.block_on(async move {
         match args.cmd {
             Cmd::Node => run_node(cfg).await,
-            Cmd::Router(args) => run_router(args).await,
+            Cmd::Router(args) => match router {
+                Some(setup) => run_router(args, setup).await,
+                None => Ok(()), // loaded above for every router command
+            },
             Cmd::Install(opts) => computed::install::run(&opts),
             Cmd::FifoHold { .. } => Ok(()),
             Cmd::Gc { dry_run } => {
@@ -220,8 +297,16 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
-    use computed::router::{discovery, service, Router, Settings};
+async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> {
+    use computed::router::{discovery, service, tls, Router, Settings};
+    match &setup.node_tls {
+        Some(t) => tracing::info!(
+            mutual = t.is_mutual(),
+            server_name = t.server_name().unwrap_or("(the dialed host)"),
+            "dialing nodes with TLS"
+        ),
+        None => tracing::info!("dialing nodes in plaintext (no --node-tls-ca)"),
+    }
     let (nodes, watch_task) = if args.nodes.is_empty() {
         let client = kube::Client::try_default().await?;
         let (rx, task) = discovery::watch_pods(
@@ -229,19 +314,26 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
             &args.namespace,
             &args.selector,
             args.node_port,
+            tls::scheme(setup.node_tls.as_ref()),
             args.watch_nodes,
         );
         tracing::info!(namespace = %args.namespace, selector = %args.selector, "discovering nodes through Kubernetes");
         (rx, Some(task))
     } else {
-        let set = discovery::static_nodes(&args.nodes);
+        let set = setup.static_nodes;
         tracing::info!(nodes = set.len(), "static node list");
         let (tx, rx) = tokio::sync::watch::channel(set);
         // Keep the sender alive for the router's lifetime: the set never changes.
         std::mem::forget(tx);
         (rx, None)
     };
-    let router = Router::new(nodes, Settings::default());
+    let router = Router::new(
+        nodes,
+        Settings {
+            node_tls: setup.node_tls,
+            ..Settings::default()
+        },
+    );
     let health = router.spawn_health_loop();
     let metrics = (!args.metrics_listen.is_empty()).then(|| {
         let addr = args.metrics_listen.clone();
@@ -251,7 +343,7 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
             }
         })
     });
-    service::serve(router, &args.listen, shutdown_signal()).await?;
+    service::serve(router, &args.listen, setup.listener_tls, shutdown_signal()).await?;
     health.abort();
     if let Some(t) = watch_task {
         t.abort();
@@ -263,8 +355,10 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
 }
 
 async fn run_node(cfg: Config) -> anyhow::Result<()> {
-    // Unreadable TLS files stop the node before it touches anything.
-    computed::server::tls_config(&cfg)?;
+    // Unreadable or unparsable TLS files stop the node before it touches anything.
+    if let Some(tls) = computed::server::tls_config(&cfg)? {
+        computed::server::check_server_tls(&tls)?;
+    }
     let ctr = Containerd::connect(&cfg.containerd_socket, &cfg.namespace).await?;
     let choice = runtime::choose_runtime(&cfg)?;
     tracing::info!(runtime = %choice.name, kind = ?choice.kind, "runtime selected");

@@ -10,34 +10,53 @@ use kube::Api;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::tls::{Error, Scheme};
 use super::{NodeEndpoint, NodeSet};
 
-/// A node set from a static list of URLs (`http://host:port`; the scheme may be left out).
-pub fn static_nodes(urls: &[String]) -> NodeSet {
+/// A node set from a static list of addresses (`host:port`), each dialed with `scheme`. An
+/// entry may spell the scheme out, but only as `scheme` itself: `http://` under TLS would be a
+/// silent downgrade and `https://` without TLS cannot be dialed, so either is an error.
+pub fn static_nodes(urls: &[String], scheme: Scheme) -> Result<NodeSet, Error> {
     urls.iter()
         .map(|u| u.trim())
         .filter(|u| !u.is_empty())
         .map(|u| {
-            let url = if u.contains("://") {
-                u.to_string()
-            } else {
-                format!("http://{u}")
+            let addr = match u.split_once("://") {
+                None => u,
+                Some((s, addr)) if s == scheme.as_str() => addr,
+                Some(("http", _)) => {
+                    return Err(Error::Invalid(format!(
+                        "node {u}: plaintext, but --node-tls-ca is set and the router does not \
+                         downgrade (give host:port or https://)"
+                    )))
+                }
+                Some(("https", _)) => {
+                    return Err(Error::Invalid(format!(
+                        "node {u}: https needs --node-tls-ca (the CA of the nodes' certificates)"
+                    )))
+                }
+                Some((s, _)) => {
+                    return Err(Error::Invalid(format!(
+                        "node {u}: unknown scheme {s:?} (give host:port)"
+                    )))
+                }
             };
-            let name = url.split("://").nth(1).unwrap_or(&url).to_string();
-            (
+            let name = addr.to_string();
+            Ok((
                 name.clone(),
                 NodeEndpoint {
                     name,
-                    url,
+                    url: format!("{}://{addr}", scheme.as_str()),
                     cordoned: false,
                 },
-            )
+            ))
         })
         .collect()
 }
 
-/// The endpoint of a node-daemon pod, if it is ready to serve.
-pub fn pod_endpoint(pod: &Pod, port: u16) -> Option<NodeEndpoint> {
+/// The endpoint of a node-daemon pod, if it is ready to serve: its pod IP and `port`, dialed
+/// with `scheme`.
+pub fn pod_endpoint(pod: &Pod, port: u16, scheme: Scheme) -> Option<NodeEndpoint> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -63,7 +82,7 @@ pub fn pod_endpoint(pod: &Pod, port: u16) -> Option<NodeEndpoint> {
         .or_else(|| pod.metadata.name.clone())?;
     Some(NodeEndpoint {
         name,
-        url: format!("http://{host}:{port}"),
+        url: format!("{}://{host}:{port}", scheme.as_str()),
         cordoned: false,
     })
 }
@@ -109,7 +128,8 @@ fn apply<K: Clone>(
     }
 }
 
-/// Watches the pods matching `selector` in `namespace` and publishes the ready ones; with
+/// Watches the pods matching `selector` in `namespace` and publishes the ready ones (their pod
+/// IPs and `port`, dialed with `scheme`); with
 /// `watch_nodes`, also watches the cluster's Nodes and marks the pods on cordoned
 /// (unschedulable) nodes, which then take no new sandboxes. Runs until the returned task is
 /// aborted; watch errors are retried with backoff by kube's watcher.
@@ -118,6 +138,7 @@ pub fn watch_pods(
     namespace: &str,
     selector: &str,
     port: u16,
+    scheme: Scheme,
     watch_nodes: bool,
 ) -> (watch::Receiver<NodeSet>, tokio::task::JoinHandle<()>) {
     use futures::StreamExt;
@@ -171,7 +192,7 @@ pub fn watch_pods(
             };
             let set: NodeSet = pods_live
                 .values()
-                .filter_map(|p| pod_endpoint(p, port))
+                .filter_map(|p| pod_endpoint(p, port, scheme))
                 .map(|mut n| {
                     n.cordoned = cordoned(&n.name);
                     (n.name.clone(), n)
@@ -194,10 +215,31 @@ mod tests {
 
     #[test]
     fn static_lists_parse() {
-        let s = static_nodes(&["127.0.0.1:1".into(), "http://h:2".into(), " ".into()]);
+        let s = static_nodes(
+            &["127.0.0.1:1".into(), "http://h:2".into(), " ".into()],
+            Scheme::Http,
+        )
+        .unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s["127.0.0.1:1"].url, "http://127.0.0.1:1");
         assert_eq!(s["h:2"].url, "http://h:2");
+        // Under TLS every node is https, named the same.
+        let s = static_nodes(&["127.0.0.1:1".into(), "https://h:2".into()], Scheme::Https).unwrap();
+        assert_eq!(s["127.0.0.1:1"].url, "https://127.0.0.1:1");
+        assert_eq!(s["h:2"].url, "https://h:2");
+    }
+
+    #[test]
+    fn static_lists_never_change_the_configured_scheme() {
+        for (entry, scheme, want) in [
+            ("http://h:1", Scheme::Https, "does not downgrade"),
+            ("https://h:1", Scheme::Http, "needs --node-tls-ca"),
+            ("grpc://h:1", Scheme::Http, "unknown scheme"),
+            ("grpcs://h:1", Scheme::Https, "unknown scheme"),
+        ] {
+            let e = static_nodes(&["ok:1".into(), entry.into()], scheme).unwrap_err();
+            assert!(e.to_string().contains(want), "{entry} {scheme:?}: {e}");
+        }
     }
 
     fn pod(ready: bool, ip: &str) -> Pod {
@@ -214,14 +256,23 @@ mod tests {
 
     #[test]
     fn only_ready_pods_with_an_ip_are_nodes() {
-        let e = pod_endpoint(&pod(true, "10.0.0.5"), 50051).unwrap();
+        let e = pod_endpoint(&pod(true, "10.0.0.5"), 50051, Scheme::Http).unwrap();
         assert_eq!(e.name, "node-a");
         assert_eq!(e.url, "http://10.0.0.5:50051");
-        assert!(pod_endpoint(&pod(false, "10.0.0.5"), 50051).is_none());
-        assert!(pod_endpoint(&pod(true, ""), 50051).is_none());
+        assert!(pod_endpoint(&pod(false, "10.0.0.5"), 50051, Scheme::Http).is_none());
+        assert!(pod_endpoint(&pod(true, ""), 50051, Scheme::Http).is_none());
         assert_eq!(
-            pod_endpoint(&pod(true, "fd00::1"), 1).unwrap().url,
+            pod_endpoint(&pod(true, "fd00::1"), 1, Scheme::Http)
+                .unwrap()
+                .url,
             "http://[fd00::1]:1"
+        );
+        // With TLS to the nodes, the same pods are dialed with https.
+        assert_eq!(
+            pod_endpoint(&pod(true, "10.0.0.5"), 50051, Scheme::Https)
+                .unwrap()
+                .url,
+            "https://10.0.0.5:50051"
         );
     }
 }

@@ -13,9 +13,13 @@
 //!   miss (another replica placed it, or this one restarted) all nodes are asked in parallel and
 //!   the answer is cached. A node that is gone makes its sandboxes' calls fail fast with
 //!   UNAVAILABLE.
+//! * **TLS**: with `--node-tls-ca` every node is dialed with TLS (`https`), with a client
+//!   certificate too for mutual TLS, and never in plaintext ([`tls`]); the relay services use
+//!   the same channels. The router's own listener can serve TLS as the node's does.
 
 pub mod discovery;
 pub mod service;
+pub mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -70,7 +74,7 @@ type Result<T> = std::result::Result<T, Error>;
 pub struct NodeEndpoint {
     /// Its name (node name, or the URL for static lists).
     pub name: String,
-    /// Its gRPC URL, e.g. `http://10.0.0.5:50051`.
+    /// Its gRPC URL, e.g. `http://10.0.0.5:50051` (`https://` when nodes are dialed with TLS).
     pub url: String,
     /// The Kubernetes node is cordoned (unschedulable): no new sandboxes go there.
     pub cordoned: bool,
@@ -83,6 +87,9 @@ pub type NodeSet = BTreeMap<String, NodeEndpoint>;
 struct Health {
     info: Option<GetInfoResponse>,
     ok_at: Option<Instant>,
+    /// A failure was logged since the last good poll (a node that never answers, e.g. one
+    /// refusing our TLS handshake, is logged once, not every poll).
+    failure_logged: bool,
 }
 
 /// Router settings.
@@ -96,6 +103,8 @@ pub struct Settings {
     pub connect_timeout: Duration,
     /// Most sandbox → node entries cached.
     pub cache_size: usize,
+    /// Dial nodes with TLS (and only with TLS): every node URL must then be `https://`.
+    pub node_tls: Option<tls::NodeTls>,
 }
 
 impl Default for Settings {
@@ -105,6 +114,7 @@ impl Default for Settings {
             stale_after: Duration::from_secs(4),
             connect_timeout: Duration::from_secs(1),
             cache_size: 100_000,
+            node_tls: None,
         }
     }
 }
@@ -160,13 +170,39 @@ impl Router {
         if let Some(c) = ch.get(&n.url) {
             return Ok(c.clone());
         }
-        let c = Endpoint::from_shared(n.url.clone())
+        let timeout = self.inner.settings.connect_timeout;
+        let ep = Endpoint::from_shared(n.url.clone())
             .map_err(|e| Error::Unavailable(format!("bad node URL {}: {e}", n.url)))?
-            .connect_timeout(self.inner.settings.connect_timeout)
+            .connect_timeout(timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .connect_lazy();
+            .keep_alive_timeout(Duration::from_secs(5));
+        // tonic dials an `http://` URL in plaintext even with TLS configured: the scheme is
+        // checked here so that a node URL can never downgrade a TLS router.
+        let https = n.url.starts_with("https://");
+        let ep = match &self.inner.settings.node_tls {
+            Some(tls) if https => ep.tls_config(tls.client_config(timeout)).map_err(|e| {
+                Error::Unavailable(format!(
+                    "node {}: TLS: {}",
+                    n.url,
+                    crate::server::error_chain(&e)
+                ))
+            })?,
+            Some(_) => {
+                return Err(Error::Unavailable(format!(
+                    "node {}: refusing plaintext, the router dials nodes with TLS",
+                    n.url
+                )))
+            }
+            None if https => {
+                return Err(Error::Unavailable(format!(
+                    "node {}: TLS URL, but the router has no --node-tls-ca",
+                    n.url
+                )))
+            }
+            None => ep,
+        };
+        let c = ep.connect_lazy();
         ch.insert(n.url.clone(), c.clone());
         Ok(c)
     }
@@ -200,33 +236,44 @@ impl Router {
     }
 
     async fn poll_one(&self, n: NodeEndpoint) {
-        let ok = match self.channel(&n) {
+        let timeout = self.inner.settings.connect_timeout;
+        let answer = match self.channel(&n) {
             Ok(ch) => {
                 let mut client = NodeInfoClient::new(ch);
                 let fut = client.get_info(GetInfoRequest {});
-                match tokio::time::timeout(self.inner.settings.connect_timeout, fut).await {
-                    Ok(Ok(r)) => Some(r.into_inner()),
-                    _ => None,
+                match tokio::time::timeout(timeout, fut).await {
+                    Ok(Ok(r)) => Ok(r.into_inner()),
+                    // The transport's cause (refused, TLS handshake, certificate) is in the
+                    // status's sources.
+                    Ok(Err(s)) => Err(match std::error::Error::source(&s) {
+                        Some(cause) => crate::server::error_chain(cause),
+                        None => s.message().to_string(),
+                    }),
+                    Err(_) => Err(format!("no answer within {timeout:?}")),
                 }
             }
-            Err(_) => None,
+            Err(e) => Err(e.to_string()),
         };
         let mut health = lock(&self.inner.health);
         let h = health.entry(n.name.clone()).or_insert(Health {
             info: None,
             ok_at: None,
+            failure_logged: false,
         });
-        match ok {
-            Some(info) => {
+        match answer {
+            Ok(info) => {
                 if h.ok_at.is_none() {
                     info!(node = %n.name, url = %n.url, "node ready");
                 }
                 h.info = Some(info);
                 h.ok_at = Some(Instant::now());
+                h.failure_logged = false;
             }
-            None => {
-                if h.ok_at.take().is_some() {
-                    warn!(node = %n.name, url = %n.url, "node not answering");
+            Err(error) => {
+                h.ok_at = None;
+                if !h.failure_logged {
+                    warn!(node = %n.name, url = %n.url, %error, "node not answering");
+                    h.failure_logged = true;
                 }
             }
         }
@@ -463,6 +510,7 @@ mod tests {
             let fresh = |i| Health {
                 info: Some(i),
                 ok_at: Some(Instant::now()),
+                failure_logged: false,
             };
             h.insert("ok1".into(), fresh(info("ok1", false, 0, 8 << 30)));
             h.insert("ok2".into(), fresh(info("ok2", false, 3, 8 << 30)));
@@ -483,6 +531,7 @@ mod tests {
                 Health {
                     info: Some(info("stale", false, 0, 8 << 30)),
                     ok_at: None,
+                    failure_logged: false,
                 },
             );
         }
@@ -499,6 +548,44 @@ mod tests {
             // The same session always gets the same first choice.
             assert_eq!(r.placement("t", &format!("s{i}"), 1 << 30)[0], p[0]);
         }
+    }
+
+    #[tokio::test]
+    async fn a_tls_router_never_dials_a_node_in_plaintext() {
+        let d = tempfile::tempdir().unwrap();
+        tls::write_test_pki(d.path());
+        let node_tls = tls::NodeTls::load(
+            Some(&d.path().join("ca.pem")),
+            Some(&d.path().join("cert.pem")),
+            Some(&d.path().join("key.pem")),
+            None,
+        )
+        .unwrap();
+        let node = |url: &str| NodeEndpoint {
+            name: "n".into(),
+            url: url.into(),
+            cordoned: false,
+        };
+        let router = |node_tls| {
+            let (_tx, rx) = watch::channel(NodeSet::new());
+            Router::new(
+                rx,
+                Settings {
+                    node_tls,
+                    ..Settings::default()
+                },
+            )
+        };
+        let with_tls = router(node_tls);
+        assert!(with_tls.channel(&node("https://127.0.0.1:1")).is_ok());
+        match with_tls.channel(&node("http://127.0.0.1:1")) {
+            Err(Error::Unavailable(m)) => assert!(m.contains("refusing plaintext"), "{m}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a TLS router made a plaintext channel"),
+        }
+        let plain = router(None);
+        assert!(plain.channel(&node("http://127.0.0.1:1")).is_ok());
+        assert!(plain.channel(&node("https://127.0.0.1:1")).is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::Stream;
-use tonic::transport::Server;
+use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 use tracing::info;
 
@@ -141,11 +141,14 @@ impl ComputeService for Forwarder {
     }
 }
 
-/// Serves the router on `listen` until `shutdown` resolves: ComputeService, health (SERVING
-/// while at least one node is ready) and reflection.
+/// Serves the router on `listen` until `shutdown` resolves: ComputeService, the sandbox.v1
+/// relay, health (SERVING while at least one node is ready) and reflection; with `tls` (from
+/// [`super::tls::listener`]), over TLS and, if it names a client CA, only to callers with a
+/// certificate from it.
 pub async fn serve(
     r: Router,
     listen: &str,
+    tls: Option<ServerTlsConfig>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::server::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -176,14 +179,21 @@ pub async fn serve(
     let svc = ComputeServiceServer::new(Forwarder::new(r))
         .max_decoding_message_size(crate::server::MAX_MESSAGE)
         .max_encoding_message_size(crate::server::MAX_MESSAGE);
+    let tls_on = tls.is_some();
+    let mut server = match tls {
+        Some(tls) => Server::builder()
+            .tls_config(tls)
+            .map_err(|e| crate::server::Error::Tls(e.to_string()))?,
+        None => Server::builder(),
+    };
     let l = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| crate::server::Error::Bind {
             addr: listen.to_string(),
             source,
         })?;
-    info!(addr = %listen, "router serving ComputeService");
-    Server::builder()
+    info!(addr = %listen, tls = tls_on, "router serving ComputeService");
+    server
         .add_service(health)
         .add_service(v1)
         .add_service(v1alpha)

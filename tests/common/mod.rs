@@ -7,6 +7,9 @@
 
 #![allow(dead_code)]
 
+pub mod pki;
+pub mod router;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -285,6 +288,23 @@ impl Daemon {
         ComputeServiceClient::new(ch)
             .max_decoding_message_size(32 << 20)
             .max_encoding_message_size(32 << 20)
+    }
+
+    /// A channel over the unix socket (always plaintext, whatever the TCP listener speaks).
+    pub async fn local_channel(&self) -> Channel {
+        let p = self.socket.clone();
+        tonic::transport::Endpoint::try_from("http://[::]")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let p = p.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(p).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap()
     }
 
     /// GET /metrics, as text.
