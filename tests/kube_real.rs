@@ -606,7 +606,9 @@ fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
 
 /// The binary accepts the router's args (clap exits 2 on an unknown flag). The router then
 /// stops at Kubernetes discovery: there is no kubeconfig. Until the router's TLS flags land
-/// (another branch adds them), a build without them checks the other args and says so.
+/// (another branch adds them), a build with none of them checks the other args and says so;
+/// a build with only some of them fails (a flag the overlay uses is named otherwise).
+/// TODO: drop this allowance once the router's TLS flags are merged.
 fn router_args_accepted(args: &[String], what: &str) {
     static PENDING: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     let pending = PENDING.get_or_init(|| {
@@ -620,6 +622,11 @@ fn router_args_accepted(args: &[String], what: &str) {
             .copied()
             .filter(|f| !help.contains(&format!("{f} ")))
             .collect();
+        assert!(
+            pending.is_empty() || pending.len() == ROUTER_TLS_FLAGS.len(),
+            "the router knows some TLS flags but not {pending:?}: the production overlay's \
+             names differ from the binary's"
+        );
         if !pending.is_empty() {
             eprintln!(
                 "kube_real: NOTE: this build's router has no {pending:?} yet: the overlays' \
