@@ -10,8 +10,9 @@
 #
 # Build arguments:
 #   IMAGE            the reference this image is published as; recorded in the
-#                    org.opencontainers.image.ref.name label. daemonset/*.yaml use the same
-#                    reference (tests/manifests.rs checks that they agree).
+#                    org.opencontainers.image.ref.name label. daemonset/base/*.yaml use the
+#                    same reference (tests/manifests.rs checks that they agree; an overlay may
+#                    rename it with kustomize's `images:`).
 #                    Default ghcr.io/paper-board/computed:0.1.0.
 #   GVISOR_VERSION   gVisor release whose runsc and shim are shipped (a date, as in
 #                    https://gvisor.dev/docs/user_guide/install/). Default 20240212.

@@ -3,6 +3,10 @@
 //! One process-wide registry: per-sandbox usage counters (labels `sandbox_id`, `tenant_id`),
 //! sandboxes by status, RPC counts and latency by method and code, exec counts and durations,
 //! and containerd call errors by operation.
+//!
+//! The same listener answers Kubernetes' HTTP probes: `/livez` (the process serves) and
+//! `/readyz` (its gRPC health is SERVING), so the manifests need no gRPC probes (Kubernetes
+//! 1.24+, and plaintext only: they cannot reach a TLS listener).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -98,6 +102,8 @@ pub struct Metrics {
     /// CreateSandbox calls that got a pool member (`hit`) or were created cold (`miss`)
     /// while the node keeps a pool.
     pub pool_claims: Family<OutcomeLabels, Counter>,
+    /// 1 while the process's gRPC health is SERVING (what `/readyz` answers), else 0.
+    pub serving: Gauge,
 }
 
 /// Labels of per-image series.
@@ -135,6 +141,7 @@ impl Metrics {
             containerd_errors: Family::default(),
             pool_sandboxes: Family::default(),
             pool_claims: Family::default(),
+            serving: Gauge::default(),
         };
         let mut r = Registry::with_prefix("compute");
         r.register(
@@ -199,8 +206,25 @@ impl Metrics {
             "Creates served from the warm pool (hit) or cold (miss)",
             m.pool_claims.clone(),
         );
+        r.register(
+            "serving",
+            "1 while the gRPC health is SERVING (node: containerd answers; router: a node is ready)",
+            m.serving.clone(),
+        );
         m.registry = r;
         m
+    }
+
+    /// Records the process's gRPC health, as `/readyz` and `compute_serving` report it. Set by
+    /// whoever sets the gRPC health status (the node's containerd check, the router's ready
+    /// nodes).
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.set(i64::from(serving));
+    }
+
+    /// Whether the last [`Metrics::set_serving`] said SERVING (false before the first).
+    pub fn is_serving(&self) -> bool {
+        self.serving.get() == 1
     }
 
     /// Records one RPC.
@@ -301,20 +325,30 @@ pub async fn observe<T>(
     r
 }
 
-/// Serves `GET /metrics` on `addr` until the task is aborted.
+/// The status and body of a GET on the metrics listener: `/metrics` (Prometheus text),
+/// `/livez` (200 while the process answers: liveness), `/readyz` (200 while the gRPC health is
+/// SERVING, else 503: readiness and start-up), anything else 404.
+pub fn respond(path: &str) -> (u16, String) {
+    match path {
+        "/metrics" => (200, METRICS.render()),
+        "/livez" => (200, "ok\n".to_string()),
+        "/readyz" if METRICS.is_serving() => (200, "ok\n".to_string()),
+        "/readyz" => (503, "not serving\n".to_string()),
+        _ => (404, "not found\n".to_string()),
+    }
+}
+
+/// Serves `GET /metrics`, `/livez` and `/readyz` (see [`respond`]) on `addr` until the task is
+/// aborted.
 pub async fn serve(addr: String) -> std::io::Result<()> {
     use hyper::service::service_fn;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    tracing::info!(addr = %addr, "serving Prometheus metrics");
+    tracing::info!(addr = %addr, "serving Prometheus metrics and /livez, /readyz");
     loop {
         let (stream, _) = listener.accept().await?;
         tokio::spawn(async move {
             let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
-                let (status, body) = if req.uri().path() == "/metrics" {
-                    (200, METRICS.render())
-                } else {
-                    (404, "not found\n".to_string())
-                };
+                let (status, body) = respond(req.uri().path());
                 hyper::Response::builder()
                     .status(status)
                     .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
@@ -324,5 +358,23 @@ pub async fn serve(addr: String) -> std::io::Result<()> {
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_paths_follow_the_serving_flag() {
+        METRICS.set_serving(false);
+        assert_eq!(respond("/livez").0, 200);
+        assert_eq!(respond("/readyz").0, 503);
+        METRICS.set_serving(true);
+        assert_eq!(respond("/readyz").0, 200);
+        let (code, text) = respond("/metrics");
+        assert_eq!(code, 200);
+        assert!(text.contains("compute_serving 1"), "{text}");
+        assert_eq!(respond("/healthz").0, 404);
     }
 }

@@ -77,6 +77,8 @@ pub async fn serve(
             let mut last = None;
             loop {
                 let ok = node.runtime().ctr.version().await.is_ok();
+                // The HTTP probes (`/readyz` on the metrics listener) answer the same.
+                crate::metrics::METRICS.set_serving(ok);
                 if last != Some(ok) {
                     if ok {
                         reporter

@@ -1,7 +1,10 @@
-//! Kubernetes discovery of node daemons against kube-rs's mock API service (`tower-test`): the
-//! closest thing to an API server that runs here. The router's real watcher lists the pods,
-//! then follows watch events; the node set it publishes follows readiness, additions and
-//! deletions.
+//! Kubernetes discovery of node daemons against kube-rs's mock API service (`tower-test`), for
+//! what a real API server does not do on demand: watch responses that end and are resumed from
+//! the last resourceVersion, and a watch expired by etcd compaction (410 Gone), after which the
+//! watcher re-lists and an object missing from the new list is dropped without any DELETED
+//! event. The router's real watcher lists the pods, then follows watch events; the node set it
+//! publishes follows readiness, additions and deletions. Discovery against a real
+//! kube-apiserver, with the router's own token and RBAC, is `tests/kube_real.rs`.
 
 use std::time::Duration;
 
@@ -176,6 +179,97 @@ async fn node_set_follows_the_daemonset_pods() {
     })
     .await
     .expect("cordon never seen");
+    task.abort();
+    server.abort();
+}
+
+#[tokio::test]
+async fn an_expired_watch_relists_and_drops_what_the_new_list_lacks() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "compute-system");
+    let (mut rx, task) = watch_pods(
+        client,
+        "compute-system",
+        "app.kubernetes.io/name=computed-node",
+        50051,
+        false,
+    );
+    let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The 410 is released once the test has seen the first list's node set.
+    let expire = std::sync::Arc::new(tokio::sync::Notify::new());
+    let server = tokio::spawn({
+        let (lists, expire) = (lists.clone(), expire.clone());
+        async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let uri = req.uri().to_string();
+                assert!(
+                    uri.starts_with("/api/v1/namespaces/compute-system/pods"),
+                    "{uri}"
+                );
+                if !uri.contains("watch=true") {
+                    // The first list has both pods; the re-list after the 410 only pod-b (pod-a
+                    // went while the watch was gone: its DELETED event was compacted away).
+                    let n = lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let items = if n == 0 {
+                        vec![
+                            pod("pod-a", "node-a", "10.0.0.1", true, "9"),
+                            pod("pod-b", "node-b", "10.0.0.2", true, "9"),
+                        ]
+                    } else {
+                        vec![pod("pod-b", "node-b", "10.0.0.2", true, "30")]
+                    };
+                    let list = json!({"apiVersion": "v1", "kind": "PodList",
+                        "metadata": {"resourceVersion": if n == 0 {"10"} else {"31"}},
+                        "items": items});
+                    send.send_response(respond(list.to_string()));
+                } else if lists.load(std::sync::atomic::Ordering::SeqCst) == 1 {
+                    expire.notified().await;
+                    let gone = json!({"type": "ERROR", "object": {
+                        "apiVersion": "v1", "kind": "Status", "metadata": {},
+                        "status": "Failure", "reason": "Expired", "code": 410,
+                        "message": "too old resource version: 10 (25)"}});
+                    send.send_response(respond(gone.to_string() + "\n"));
+                } else {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        drop(send);
+                    });
+                }
+            }
+        }
+    });
+    let wait_for = |want: &'static [&'static str]| {
+        let mut rx = rx.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    let names: Vec<String> = rx.borrow_and_update().keys().cloned().collect();
+                    if names == want {
+                        return;
+                    }
+                    rx.changed().await.unwrap();
+                }
+            })
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "node set never became {want:?}; is {:?}",
+                    rx.borrow().keys().collect::<Vec<_>>()
+                )
+            });
+        }
+    };
+    wait_for(&["node-a", "node-b"]).await;
+    expire.notify_one();
+    wait_for(&["node-b"]).await;
+    assert!(
+        lists.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "no re-list"
+    );
+    assert_eq!(
+        rx.borrow_and_update()["node-b"].url,
+        "http://10.0.0.2:50051"
+    );
     task.abort();
     server.abort();
 }

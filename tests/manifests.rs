@@ -1,10 +1,11 @@
-//! The Kubernetes manifests (`daemonset/*.yaml`, `runtimeclass/*.yaml`) read as the API server
-//! would read them: every document deserialized into its k8s-openapi type (and serialized back,
-//! so a misspelt field, which the type would drop silently, fails here), then checked for the
-//! references between objects that only show up at run time in a cluster: selectors and labels,
-//! Service ports, RBAC subjects and rules, the router's flags against the DaemonSet, images
-//! against the Dockerfile, the installer's flags and config against the node's, probes.
-//! No cluster and no network needed.
+//! The Kubernetes manifests (the kustomize base `daemonset/base/*.yaml`, and
+//! `runtimeclass/*.yaml`) read as the API server would read them: every document deserialized
+//! into its k8s-openapi type (and serialized back, so a misspelt field, which the type would
+//! drop silently, fails here), then checked for the references between objects that only show
+//! up at run time in a cluster: selectors and labels, Service ports, RBAC subjects and rules,
+//! the router's flags against the DaemonSet, images against the Dockerfile, the installer's
+//! flags and config against the node's, probes. No cluster and no network needed; the overlays
+//! (rendered by kustomize) and a real API server are `tests/kube_real.rs`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -72,16 +73,22 @@ where
     t
 }
 
+/// The manifests of a directory (not its kustomization.yaml), in file-name order.
+fn manifest_files(dir: &str) -> Vec<PathBuf> {
+    let mut in_dir: Vec<PathBuf> = std::fs::read_dir(repo().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .filter(|p| p.file_stem().is_some_and(|s| s != "kustomization"))
+        .collect();
+    in_dir.sort();
+    in_dir
+}
+
 fn load() -> Objects {
     let mut files = Vec::new();
-    for dir in ["daemonset", "runtimeclass"] {
-        let mut in_dir: Vec<PathBuf> = std::fs::read_dir(repo().join(dir))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-            .collect();
-        in_dir.sort();
-        files.extend(in_dir);
+    for dir in ["daemonset/base", "runtimeclass"] {
+        files.extend(manifest_files(dir));
     }
     assert!(files.len() >= 5, "manifests missing: {files:?}");
     let mut o = Objects::default();
@@ -209,12 +216,6 @@ fn dockerfile_image() -> String {
         "the Dockerfile's ref.name label is not ${{IMAGE}}"
     );
     image
-}
-
-fn is_grpc_on(p: &Option<Probe>, port: i32) -> bool {
-    p.as_ref()
-        .and_then(|p| p.grpc.as_ref())
-        .is_some_and(|g| g.port == port)
 }
 
 /// The node's gRPC container port.
@@ -692,23 +693,97 @@ fn node_daemonset_installs_then_runs_the_daemon() {
     assert_eq!(cfg.run_dir, Path::new("/run/compute"));
 }
 
+/// The port number of a probe's named or numbered port in `c`.
+fn probe_port(c: &Container, port: &IntOrString) -> i32 {
+    match port {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => {
+            c.ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .unwrap_or_else(|| panic!("{}: no port named {name}", c.name))
+                .container_port
+        }
+    }
+}
+
+/// An HTTP GET of `path` on the container's `metrics` port (9090).
+fn is_http_on_metrics(c: &Container, p: &Option<Probe>, path: &str) -> bool {
+    let Some(get) = p.as_ref().and_then(|p| p.http_get.as_ref()) else {
+        return false;
+    };
+    get.path.as_deref() == Some(path)
+        && get.port == IntOrString::String("metrics".into())
+        && probe_port(c, &get.port) == 9090
+        && get.scheme.as_deref().is_none_or(|s| s == "HTTP")
+}
+
 #[test]
-fn probes_are_grpc_on_50051() {
+fn probes_are_http_on_the_metrics_listener() {
+    // gRPC probes need Kubernetes 1.24 and cannot speak TLS; the metrics listener answers
+    // /livez and /readyz (the gRPC health) in plain HTTP, on every version.
     let o = load();
-    let c = container(pod_spec(template_of_ds(daemon_set(&o))), "computed");
-    assert!(is_grpc_on(&c.readiness_probe, 50051));
-    assert!(is_grpc_on(&c.liveness_probe, 50051));
-    assert!(is_grpc_on(&c.startup_probe, 50051));
+    let node_spec = pod_spec(template_of_ds(daemon_set(&o)));
+    let c = container(node_spec, "computed");
+    assert!(is_http_on_metrics(c, &c.readiness_probe, "/readyz"));
+    assert!(is_http_on_metrics(c, &c.liveness_probe, "/readyz"));
+    assert!(is_http_on_metrics(c, &c.startup_probe, "/readyz"));
+    // The node listens there: its config's metrics_listen is that port.
+    let cm = &o.config_maps[0];
+    let text = &cm.data.as_ref().unwrap()["config.toml"];
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("config.toml");
+    std::fs::write(&f, text).unwrap();
+    let cfg = computed::config::Config::load(Some(&f)).unwrap();
+    assert_eq!(cfg.metrics_listen, "0.0.0.0:9090");
+
     let r = container(pod_spec(template_of_deploy(router(&o))), "router");
-    assert!(is_grpc_on(&r.readiness_probe, 50051));
+    assert!(is_http_on_metrics(r, &r.readiness_probe, "/readyz"));
+    assert_eq!(
+        flag(r.args.as_ref().unwrap(), "--metrics-listen"),
+        Some("0.0.0.0:9090")
+    );
     // Liveness of the router only asks that it listens (its health follows the nodes').
     let live = r.liveness_probe.as_ref().unwrap();
-    assert!(
-        live.grpc.as_ref().is_some_and(|g| g.port == 50051)
-            || live
-                .tcp_socket
-                .as_ref()
-                .is_some_and(|t| t.port == IntOrString::Int(50051))
+    assert!(live
+        .tcp_socket
+        .as_ref()
+        .is_some_and(|t| t.port == IntOrString::Int(50051)));
+    for p in [
+        &c.readiness_probe,
+        &c.liveness_probe,
+        &c.startup_probe,
+        &r.readiness_probe,
+        &r.liveness_probe,
+    ] {
+        assert!(
+            p.as_ref().unwrap().grpc.is_none(),
+            "gRPC probes need Kubernetes 1.24"
+        );
+    }
+}
+
+#[test]
+fn the_base_kustomization_lists_every_manifest_in_apply_order() {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Kustomization {
+        api_version: String,
+        kind: String,
+        resources: Vec<String>,
+    }
+    let text = std::fs::read_to_string(repo().join("daemonset/base/kustomization.yaml")).unwrap();
+    let k: Kustomization = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(k.api_version, "kustomize.config.k8s.io/v1beta1");
+    assert_eq!(k.kind, "Kustomization");
+    let files: Vec<String> = manifest_files("daemonset/base")
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        k.resources, files,
+        "kubectl apply -k daemonset/base would not apply what this test checks"
     );
 }
 

@@ -158,6 +158,8 @@ pub async fn serve(
             let mut last = None;
             loop {
                 let ok = !r.ready_nodes().is_empty();
+                // The HTTP probes (`/readyz` on the metrics listener) answer the same.
+                crate::metrics::METRICS.set_serving(ok);
                 if last != Some(ok) {
                     let st = if ok {
                         tonic_health::ServingStatus::Serving

@@ -2,7 +2,8 @@
 # tests/kind/run.sh: the Kubernetes deployment end to end on a throwaway kind cluster.
 #
 # Builds the image, loads it into a two-node kind cluster (a control plane, and a worker
-# labelled and tainted as a gVisor node), applies runtimeclass/ and daemonset/, waits for the
+# labelled and tainted as a gVisor node), applies runtimeclass/ and the kustomize overlay
+# daemonset/overlays/kind (the base, the image never pulled, the router watching Nodes), waits for the
 # node DaemonSet and the router, proves an ordinary pod with runtimeClassName: gvisor runs under
 # gVisor, then runs the quickstart's grpcurl commands through `kubectl port-forward
 # svc/computed`, and deletes the cluster. See tests/kind/README.md.
@@ -129,8 +130,9 @@ k taint node "$CLUSTER-control-plane" node-role.kubernetes.io/control-plane:NoSc
   true
 
 # --- apply, in order ------------------------------------------------------------------------
-log "kubectl apply -f runtimeclass/ -f daemonset/"
-k apply -f runtimeclass/ -f daemonset/
+log "kubectl apply -f runtimeclass/; kubectl apply -k daemonset/overlays/kind"
+k apply -f runtimeclass/
+k apply -k daemonset/overlays/kind
 if [[ -n $STORAGE_CLASS ]]; then
   k -n "$NS" set env daemonset/computed-node "PVC_STORAGE_CLASS=$STORAGE_CLASS"
 fi

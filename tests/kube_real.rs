@@ -1,0 +1,1518 @@
+//! Kubernetes for real: a kube-apiserver (v1.20.2) with etcd on loopback, started by the shared
+//! tools' `kube-up` (`COMPUTE_KUBE_TOOLS`, else `../shared/tools/kube` beside the checkout), and
+//! kubectl 1.32 (with kustomize) from `get-kubectl`, cached in `target/kube-tools/`.
+//!
+//! One control plane for the whole binary, started once and stopped at the end (also on failure)
+//! by a guard; the scenarios run in sequence in one test and each failure is reported with its
+//! name:
+//!
+//! * manifests: `kubectl apply --server-side --dry-run=server` of `runtimeclass/` and of
+//!   `-k daemonset/base`, `overlays/kind` and `overlays/production` (the namespace created for
+//!   real first). 1.20 has no `policy/v1`, so the PodDisruptionBudget must be the one object it
+//!   refuses, and it passes as `policy/v1beta1` (same fields); the API versions used put the
+//!   minimum Kubernetes version at 1.21, as the docs say.
+//! * overlays: what each overlay changes, read from `kubectl kustomize` into k8s-openapi types
+//!   (the production node config loads with the real loader and keeps every base setting, TLS
+//!   files are in the mounted Secrets, the router's flags are accepted by the binary).
+//! * rbac: the router's own ServiceAccount token (TokenRequest) and the RBAC of `daemonset/`,
+//!   applied for real: SelfSubjectAccessReviews say it may read pods in its namespace (and
+//!   Nodes, with the watch-nodes component) and nothing else (no secrets, no pod writes, no node
+//!   writes, no other namespace), SelfSubjectRulesReview lists exactly those rules, and real
+//!   calls beyond them are refused; the node's ServiceAccount may do nothing.
+//! * discovery: the router's watcher, with that token, against Node and Pod objects made here
+//!   (no kubelet runs, so pod status is written through the status subresource): readiness,
+//!   pods added, other labels and namespaces ignored, cordon and uncordon, a node going
+//!   NotReady, a node going away (its pod Terminating, then gone), a pod replaced by a rollout.
+//! * router: the real `computed router` binary with that token as its kubeconfig finds a pod
+//!   whose IP is a fake node daemon here, and its `/readyz` (the manifests' probe) follows it.
+//!
+//! What a bare control plane cannot show (watch streams cut and resumed at a given
+//! resourceVersion, a re-list that drops objects) stays in `tests/discovery.rs` (mock API).
+//!
+//! Under `CI` missing tools fail the test; elsewhere it is skipped with the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use computed::api::node::v1 as nodepb;
+use computed::router::discovery::watch_pods;
+use computed::router::NodeSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Node, Pod, PodSpec, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::watch;
+
+const NS: &str = "compute-system";
+const SELECTOR: &str = "app.kubernetes.io/name=computed-node";
+const OVERLAYS: [&str; 3] = ["base", "overlays/kind", "overlays/production"];
+/// The minimum Kubernetes version the docs state (minor of 1.x).
+const MIN_MINOR: u32 = 21;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The shared Kubernetes tools (`kube-up`, `kube-down`, `get-kubectl`).
+fn tools_dir() -> PathBuf {
+    match std::env::var_os("COMPUTE_KUBE_TOOLS") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => repo().join("../shared/tools/kube"),
+    }
+}
+
+/// `target/kube-tools`: kubectl, fetched once and kept across runs.
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("CARGO_TARGET_TMPDIR has a parent")
+        .join("kube-tools")
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+}
+
+/// Fails (under CI) or skips (elsewhere) with `msg`.
+fn missing(msg: String) -> Option<PathBuf> {
+    if std::env::var_os("CI").is_some() {
+        panic!("kube_real: {msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+/// Checks the tools; returns kubectl's path, fetching it into `target/kube-tools` the first time.
+fn prerequisites() -> Option<PathBuf> {
+    let tools = tools_dir();
+    let mut lacking: Vec<String> = ["kube-up", "kube-down", "get-kubectl"]
+        .iter()
+        .filter(|t| !tools.join(t).is_file())
+        .map(|t| format!("{}/{t}", tools.display()))
+        .collect();
+    lacking.extend(
+        ["openssl", "curl", "xz", "python3"]
+            .iter()
+            .filter(|b| !on_path(b))
+            .map(|b| format!("{b} on PATH")),
+    );
+    if !lacking.is_empty() {
+        return missing(format!(
+            "missing {} (set COMPUTE_KUBE_TOOLS to the shared tools' kube directory)",
+            lacking.join(", ")
+        ));
+    }
+    let cache = cache_dir();
+    let kubectl = cache.join("kubectl");
+    let works = |k: &Path| {
+        Command::new(k)
+            .args(["version", "--client"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if kubectl.is_file() && !works(&kubectl) {
+        // A copy cut short: fetch it again.
+        let _ = std::fs::remove_file(&kubectl);
+    }
+    if !kubectl.is_file() {
+        let t = Instant::now();
+        let out = Command::new(tools.join("get-kubectl"))
+            .arg(&cache)
+            .output()
+            .expect("run get-kubectl");
+        if !out.status.success() || !works(&kubectl) {
+            return missing(format!(
+                "get-kubectl {} failed: {}",
+                cache.display(),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        eprintln!("kube_real: fetched kubectl in {:?}", t.elapsed());
+    }
+    Some(kubectl)
+}
+
+/// A control plane from `kube-up`, stopped with `kube-down` when dropped (also when a scenario
+/// panics: the test's own unwinding drops it).
+struct Cluster {
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+}
+
+impl Cluster {
+    fn up(kubectl: PathBuf) -> Cluster {
+        // Under /tmp: kube-up's etcd and the apiserver keep their data and certificates there.
+        let dir = tempfile::Builder::new()
+            .prefix("computed-kube-")
+            .tempdir_in("/tmp")
+            .expect("temp dir");
+        let c = Cluster {
+            kubeconfig: dir.path().join("kubeconfig"),
+            dir,
+            kubectl,
+        };
+        let t = Instant::now();
+        let out = Command::new(tools_dir().join("kube-up"))
+            .arg(c.dir.path())
+            .output()
+            .expect("run kube-up");
+        if !out.status.success() || !c.kubeconfig.is_file() {
+            panic!(
+                "kube-up failed ({}): {}{}\napiserver.log: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                tail(&c.dir.path().join("apiserver.log"), 20)
+            );
+        }
+        eprintln!("kube_real: kube-up in {:?}", t.elapsed());
+        c
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Runs kubectl as the admin with `args` and `stdin`.
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.path("kubectl-cache"))
+            .args(args)
+            .current_dir(repo())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("run kubectl");
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// Runs kubectl and returns its stdout; panics with its stderr if it fails.
+    fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.kubectl(args, stdin);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl kustomize daemonset/<dir>`, as YAML documents.
+    fn render(&self, dir: &str) -> Vec<serde_yaml::Value> {
+        let text = self.kubectl_ok(&["kustomize", &format!("daemonset/{dir}")], None);
+        docs(&text)
+    }
+
+    /// The API server's URL and CA file, from the admin kubeconfig.
+    fn server(&self) -> (String, String) {
+        let kc: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&self.kubeconfig).unwrap()).unwrap();
+        let cluster = &kc["clusters"][0]["cluster"];
+        (
+            cluster["server"].as_str().unwrap().to_string(),
+            cluster["certificate-authority"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        )
+    }
+
+    /// Writes a kubeconfig that authenticates with `token` and returns its path.
+    fn kubeconfig_with_token(&self, name: &str, token: &str) -> PathBuf {
+        let (server, ca) = self.server();
+        let path = self.path(&format!("{name}.kubeconfig"));
+        let kc = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": ca}}],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": name, "context": {"cluster": "test", "user": name, "namespace": NS}}],
+            "current-context": name,
+        });
+        std::fs::write(&path, serde_yaml::to_string(&kc).unwrap()).unwrap();
+        path
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let out = Command::new(tools_dir().join("kube-down"))
+            .arg(self.dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!(
+                "kube_real: kube-down {}: {}",
+                self.dir.path().display(),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("kube_real: kube-down: {e}"),
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+fn docs(text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| serde_yaml::Value::deserialize(d).expect("YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn kind_of(v: &serde_yaml::Value) -> &str {
+    v["kind"].as_str().unwrap_or_default()
+}
+
+fn name_of(v: &serde_yaml::Value) -> &str {
+    v["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// How kubectl names an object: `deployment.apps/computed-router`, `namespace/compute-system`.
+fn kubectl_name(v: &serde_yaml::Value) -> String {
+    let api = v["apiVersion"].as_str().unwrap_or_default();
+    let kind = kind_of(v).to_lowercase();
+    match api.split_once('/') {
+        Some((group, _)) => format!("{kind}.{group}/{}", name_of(v)),
+        None => format!("{kind}/{}", name_of(v)),
+    }
+}
+
+fn to_yaml(objs: &[&serde_yaml::Value]) -> String {
+    objs.iter()
+        .map(|o| serde_yaml::to_string(o).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: &serde_yaml::Value) -> T {
+    serde_yaml::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("{} {}: {e}", kind_of(v), name_of(v)))
+}
+
+fn one<'a>(objs: &'a [serde_yaml::Value], kind: &str, name: &str) -> &'a serde_yaml::Value {
+    objs.iter()
+        .find(|o| kind_of(o) == kind && name_of(o) == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
+    spec.containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test.
+
+#[test]
+fn kubernetes_for_real() {
+    let Some(kubectl) = prerequisites() else {
+        return;
+    };
+    let started = Instant::now();
+    let cluster = Cluster::up(kubectl);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    // The namespace, for real: namespaced objects (also in a dry run) need it.
+    let base = cluster.render("base");
+    let namespace = one(&base, "Namespace", NS);
+    let out = cluster.kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=computed-tests",
+            "-f",
+            "-",
+        ],
+        Some(&to_yaml(&[namespace])),
+    );
+    assert!(
+        out.contains("namespace/compute-system serverside-applied"),
+        "{out}"
+    );
+
+    let mut failures = Vec::new();
+    let mut run = |name: &str, f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+            Ok(()) => eprintln!("kube_real: {name}: ok ({:?})", t.elapsed()),
+            Err(e) => {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                eprintln!("kube_real: {name}: FAILED ({:?}): {msg}", t.elapsed());
+                failures.push(format!("{name}: {msg}"));
+            }
+        }
+    };
+
+    run("manifests apply server-side (dry run)", &mut || {
+        manifests_dry_run(&cluster)
+    });
+    run("overlays", &mut || overlays(&cluster));
+    // Everything below authenticates as the router: its RBAC must be in place (base first).
+    let router_kubeconfig = rt.block_on(router_identity(&cluster));
+    run("rbac: the base's Role is enough and no more", &mut || {
+        rt.block_on(rbac_base(&cluster, &router_kubeconfig))
+    });
+    run("router binary: discovery and /readyz", &mut || {
+        rt.block_on(router_binary(&cluster, &router_kubeconfig))
+    });
+    apply_rbac(&cluster, "overlays/production");
+    run(
+        "rbac: the watch-nodes component adds Node reads only",
+        &mut || rt.block_on(rbac_nodes(&router_kubeconfig)),
+    );
+    run("discovery with the router's token", &mut || {
+        rt.block_on(discovery(&cluster, &router_kubeconfig))
+    });
+    drop(rt);
+    let t = Instant::now();
+    drop(cluster);
+    eprintln!("kube_real: kube-down in {:?}", t.elapsed());
+    eprintln!("kube_real: {:?} in all", started.elapsed());
+    assert!(
+        failures.is_empty(),
+        "{} scenario(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manifests.
+
+/// Since which Kubernetes minor each API version the manifests use is served.
+fn served_since(api_version: &str) -> u32 {
+    match api_version {
+        "v1" => 0,
+        "apps/v1" => 9,
+        "rbac.authorization.k8s.io/v1" => 8,
+        "node.k8s.io/v1" => 20,
+        "policy/v1" => 21,
+        other => panic!("API version {other} is not in the test's table: add when it came"),
+    }
+}
+
+/// Every probe under `v` (a JSON tree), with its path.
+fn probes(v: &serde_json::Value, path: String, out: &mut Vec<(String, serde_json::Value)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                if k.ends_with("Probe") {
+                    out.push((format!("{path}.{k}"), x.clone()));
+                }
+                probes(x, format!("{path}.{k}"), out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                probes(x, format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn manifests_dry_run(c: &Cluster) {
+    let versions = c.kubectl_ok(&["api-versions"], None);
+    let has_policy_v1 = versions.lines().any(|l| l.trim() == "policy/v1");
+
+    // runtimeclass/: every object, as is.
+    let out = c.kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--field-manager=computed-tests",
+            "-f",
+            "runtimeclass/",
+        ],
+        None,
+    );
+    assert!(
+        out.contains("runtimeclass.node.k8s.io/gvisor serverside-applied (server dry run)"),
+        "{out}"
+    );
+    let runtimeclass =
+        docs(&std::fs::read_to_string(repo().join("runtimeclass/runtimeclass.yaml")).unwrap());
+
+    let mut min_minor = 0;
+    for o in &runtimeclass {
+        min_minor = min_minor.max(served_since(o["apiVersion"].as_str().unwrap()));
+    }
+    for dir in OVERLAYS {
+        let objs = c.render(dir);
+        let want: BTreeSet<String> = objs.iter().map(kubectl_name).collect();
+        for o in &objs {
+            min_minor = min_minor.max(served_since(o["apiVersion"].as_str().unwrap()));
+            let mut found = Vec::new();
+            probes(
+                &serde_json::to_value(o).unwrap(),
+                kubectl_name(o),
+                &mut found,
+            );
+            for (at, p) in found {
+                assert!(
+                    p.get("grpc").is_none(),
+                    "{dir}: {at} is a gRPC probe (Kubernetes 1.24+; plaintext only)"
+                );
+            }
+        }
+        let out = c.kubectl(
+            &[
+                "apply",
+                "-k",
+                &format!("daemonset/{dir}"),
+                "--server-side",
+                "--dry-run=server",
+                "--field-manager=computed-tests",
+                "-o",
+                "name",
+            ],
+            None,
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let applied: BTreeSet<String> = stdout.lines().map(|l| l.trim().to_string()).collect();
+        if has_policy_v1 {
+            assert!(out.status.success(), "{dir}: {stderr}");
+            assert_eq!(applied, want, "{dir}: {stderr}");
+            continue;
+        }
+        // 1.20: everything but the PodDisruptionBudget, which is refused for its API version.
+        let pdbs: Vec<&serde_yaml::Value> = objs
+            .iter()
+            .filter(|o| kind_of(o) == "PodDisruptionBudget")
+            .collect();
+        assert_eq!(pdbs.len(), 1, "{dir}");
+        let mut want_here = want.clone();
+        want_here.remove(&kubectl_name(pdbs[0]));
+        assert_eq!(
+            applied, want_here,
+            "{dir}: applied {applied:?}; stderr: {stderr}"
+        );
+        assert!(
+            !out.status.success(),
+            "{dir}: 1.20 took a policy/v1 PodDisruptionBudget?"
+        );
+        for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+            assert!(
+                line.contains(
+                    r#"no matches for kind "PodDisruptionBudget" in version "policy/v1""#
+                ) || line.contains("ensure CRDs are installed first")
+                    || line.contains("version difference between client"),
+                "{dir}: refused for another reason than the PodDisruptionBudget's version: {line}"
+            );
+        }
+        // The same PodDisruptionBudget as policy/v1beta1 (its fields are the same there).
+        let mut old = pdbs[0].clone();
+        old["apiVersion"] = "policy/v1beta1".into();
+        let out = c.kubectl_ok(
+            &[
+                "apply",
+                "--server-side",
+                "--dry-run=server",
+                "--field-manager=computed-tests",
+                "-f",
+                "-",
+            ],
+            Some(&to_yaml(&[&old])),
+        );
+        assert!(
+            out.contains("serverside-applied (server dry run)"),
+            "{dir}: {out}"
+        );
+    }
+    assert_eq!(
+        min_minor, MIN_MINOR,
+        "the manifests need Kubernetes 1.{min_minor}; update MIN_MINOR and the docs"
+    );
+    let want = format!("Kubernetes 1.{MIN_MINOR} or later");
+    for doc in ["README.md", "docs/deployment.md", "daemonset/README.md"] {
+        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+        assert!(text.contains(&want), "{doc} does not say {want:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overlays.
+
+fn config_table(cm: &ConfigMap) -> toml::Table {
+    let text = &cm.data.as_ref().unwrap()["config.toml"];
+    toml::from_str(text).unwrap_or_else(|e| panic!("config.toml: {e}"))
+}
+
+/// The value of `--flag V` or `--flag=V` in `args`.
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let eq = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(&eq)
+        }
+    })
+}
+
+/// The binary accepts the router's args (clap exits 2 on an unknown flag), TLS flags included.
+/// The router then stops at Kubernetes discovery: there is no kubeconfig.
+fn router_args_accepted(args: &[String], what: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_computed"))
+        .args(&args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("HOME", "/nonexistent")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("COMPUTE_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(
+        out.status.code(),
+        Some(2),
+        "{what}: router args refused: {err}"
+    );
+    assert!(
+        !err.contains("Usage:"),
+        "{what}: router args refused: {err}"
+    );
+}
+
+fn overlays(c: &Cluster) {
+    let rendered: BTreeMap<&str, Vec<serde_yaml::Value>> =
+        OVERLAYS.iter().map(|d| (*d, c.render(d))).collect();
+    let base = &rendered["base"];
+    let base_ds: DaemonSet = typed(one(base, "DaemonSet", "computed-node"));
+    let base_cm: ConfigMap = typed(one(base, "ConfigMap", "computed-node-config"));
+    let base_cfg = config_table(&base_cm);
+    let image = "ghcr.io/paper-board/computed:0.1.0";
+
+    for (dir, objs) in &rendered {
+        let ds: DaemonSet = typed(one(objs, "DaemonSet", "computed-node"));
+        let router: Deployment = typed(one(objs, "Deployment", "computed-router"));
+        let dspec = ds.spec.as_ref().unwrap().template.spec.clone().unwrap();
+        let rspec = router.spec.as_ref().unwrap().template.spec.clone().unwrap();
+        let rc = container(&rspec, "router");
+        let args = rc.args.clone().unwrap();
+        router_args_accepted(&args, dir);
+
+        // The node config loads with the real loader, in every overlay.
+        let cm: ConfigMap = typed(one(objs, "ConfigMap", "computed-node-config"));
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("config.toml");
+        std::fs::write(&f, &cm.data.as_ref().unwrap()["config.toml"]).unwrap();
+        let cfg = computed::config::Config::load(Some(&f)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        // Every base setting is kept (a ConfigMap key is replaced whole by an overlay).
+        let table = config_table(&cm);
+        for (k, v) in &base_cfg {
+            assert_eq!(table.get(k), Some(v), "{dir}: node config key {k}");
+        }
+        let watch_nodes = flag(&args, "--watch-nodes");
+        let has_cluster_role = objs.iter().any(|o| kind_of(o) == "ClusterRole");
+        assert_eq!(
+            watch_nodes == Some("true"),
+            has_cluster_role,
+            "{dir}: --watch-nodes={watch_nodes:?} but ClusterRole present: {has_cluster_role}"
+        );
+
+        match *dir {
+            "base" => {
+                assert_eq!(watch_nodes, Some("false"));
+                assert!(cfg.tls_cert.as_os_str().is_empty());
+            }
+            "overlays/kind" => {
+                assert_eq!(watch_nodes, Some("true"));
+                let policies: Vec<_> = dspec
+                    .containers
+                    .iter()
+                    .chain(dspec.init_containers.iter().flatten())
+                    .chain(rspec.containers.iter())
+                    .map(|c| (c.name.clone(), c.image.clone(), c.image_pull_policy.clone()))
+                    .collect();
+                assert_eq!(policies.len(), 3);
+                for (name, img, policy) in policies {
+                    assert_eq!(img.as_deref(), Some(image), "{name}");
+                    assert_eq!(
+                        policy.as_deref(),
+                        Some("Never"),
+                        "{name}: kind loads the image"
+                    );
+                }
+                // Nothing else of the node changes.
+                assert_eq!(
+                    dspec.node_selector,
+                    base_ds
+                        .spec
+                        .as_ref()
+                        .unwrap()
+                        .template
+                        .spec
+                        .as_ref()
+                        .unwrap()
+                        .node_selector
+                );
+            }
+            "overlays/production" => {
+                assert_eq!(watch_nodes, Some("true"));
+                // The dedicated pool, as well as the gVisor label; both taints tolerated.
+                let sel = dspec.node_selector.clone().unwrap();
+                assert_eq!(
+                    sel.get("compute.paper-board.io/gvisor").map(String::as_str),
+                    Some("true")
+                );
+                assert_eq!(
+                    sel.get("compute.paper-board.io/pool").map(String::as_str),
+                    Some("gvisor")
+                );
+                let tol: BTreeSet<(String, String)> = dspec
+                    .tolerations
+                    .clone()
+                    .unwrap()
+                    .into_iter()
+                    .map(|t| {
+                        assert_eq!(t.effect.as_deref(), Some("NoSchedule"));
+                        assert_eq!(t.operator.as_deref(), Some("Equal"));
+                        (t.key.unwrap(), t.value.unwrap())
+                    })
+                    .collect();
+                assert_eq!(
+                    tol,
+                    BTreeSet::from([
+                        ("compute.paper-board.io/gvisor".into(), "true".into()),
+                        ("compute.paper-board.io/pool".into(), "gvisor".into()),
+                    ])
+                );
+                // The node's TLS files are in the Secret mounted into the daemon.
+                let nc = container(&dspec, "computed");
+                let secret_dir = |spec: &PodSpec, c: &Container, secret: &str| -> PathBuf {
+                    let vol = spec
+                        .volumes
+                        .iter()
+                        .flatten()
+                        .find(|v| {
+                            v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some(secret)
+                        })
+                        .unwrap_or_else(|| panic!("no volume of Secret {secret}"));
+                    let m = c
+                        .volume_mounts
+                        .iter()
+                        .flatten()
+                        .find(|m| m.name == vol.name)
+                        .unwrap_or_else(|| panic!("Secret {secret} is not mounted in {}", c.name));
+                    assert_eq!(m.read_only, Some(true));
+                    PathBuf::from(&m.mount_path)
+                };
+                let node_tls = secret_dir(&dspec, nc, "computed-node-tls");
+                assert_eq!(cfg.tls_cert, node_tls.join("tls.crt"));
+                assert_eq!(cfg.tls_key, node_tls.join("tls.key"));
+                assert_eq!(cfg.tls_client_ca, node_tls.join("ca.crt"));
+                // Not inside another volume's mount (the ConfigMap's is read-only).
+                for m in nc.volume_mounts.iter().flatten() {
+                    assert!(
+                        m.mount_path == node_tls.to_str().unwrap()
+                            || !node_tls.starts_with(&m.mount_path),
+                        "{} is inside {}",
+                        node_tls.display(),
+                        m.mount_path
+                    );
+                }
+                // The router: its listener's and its node-client certificates.
+                let listener = secret_dir(&rspec, rc, "computed-router-tls");
+                let client = secret_dir(&rspec, rc, "computed-router-client-tls");
+                for (f, want) in [
+                    ("--tls-cert", listener.join("tls.crt")),
+                    ("--tls-key", listener.join("tls.key")),
+                    ("--tls-client-ca", listener.join("ca.crt")),
+                    ("--node-tls-ca", client.join("ca.crt")),
+                    ("--node-tls-cert", client.join("tls.crt")),
+                    ("--node-tls-key", client.join("tls.key")),
+                ] {
+                    assert_eq!(flag(&args, f).map(PathBuf::from), Some(want), "{f}");
+                }
+                // One node certificate for all nodes: checked by name, not by pod IP.
+                assert_eq!(
+                    flag(&args, "--node-tls-server-name"),
+                    Some("computed-node.compute-system.svc")
+                );
+                // Non-root: the keys' group is the router's.
+                let psc = rspec.security_context.as_ref().unwrap();
+                assert_eq!(psc.fs_group, psc.run_as_group);
+                // The Service no longer claims cleartext HTTP/2.
+                let svc = one(objs, "Service", "computed");
+                assert!(svc["spec"]["ports"][0]["appProtocol"].is_null());
+                // The probes do not touch the TLS listener.
+                for p in [
+                    &rc.readiness_probe,
+                    &nc.readiness_probe,
+                    &nc.liveness_probe,
+                    &nc.startup_probe,
+                ] {
+                    let p = p.as_ref().unwrap();
+                    assert!(p.http_get.is_some(), "{p:?}");
+                }
+            }
+            other => panic!("unknown overlay {other}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The router's identity and RBAC.
+
+async fn client_from(kubeconfig: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+/// Applies (for real) the ServiceAccounts and RBAC objects of an overlay.
+fn apply_rbac(c: &Cluster, dir: &str) {
+    let objs = c.render(dir);
+    let rbac: Vec<&serde_yaml::Value> = objs
+        .iter()
+        .filter(|o| {
+            matches!(
+                kind_of(o),
+                "ServiceAccount" | "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
+            )
+        })
+        .collect();
+    c.kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=computed-tests",
+            "-f",
+            "-",
+        ],
+        Some(&to_yaml(&rbac)),
+    );
+}
+
+/// Applies the base's RBAC and returns a kubeconfig with a token of the router's ServiceAccount.
+async fn router_identity(c: &Cluster) -> PathBuf {
+    apply_rbac(c, "base");
+    let admin = client_from(&c.kubeconfig).await;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin, NS);
+    let tr = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let tr = sas
+        .create_token_request("computed-router", &PostParams::default(), &tr)
+        .await
+        .expect("TokenRequest for computed-router");
+    let token = tr.status.expect("token").token;
+    c.kubeconfig_with_token("computed-router", &token)
+}
+
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    verb: &'a str,
+    resource: &'a str,
+    subresource: &'a str,
+    namespace: &'a str,
+    group: &'a str,
+}
+
+const fn ask<'a>(verb: &'a str, resource: &'a str, namespace: &'a str) -> Ask<'a> {
+    Ask {
+        verb,
+        resource,
+        subresource: "",
+        namespace,
+        group: "",
+    }
+}
+
+fn attrs(a: Ask) -> ResourceAttributes {
+    let s = |x: &str| (!x.is_empty()).then(|| x.to_string());
+    ResourceAttributes {
+        verb: s(a.verb),
+        resource: s(a.resource),
+        subresource: s(a.subresource),
+        namespace: s(a.namespace),
+        group: Some(a.group.to_string()),
+        ..Default::default()
+    }
+}
+
+/// `kubectl auth can-i`, as the client's own identity.
+async fn can_i(client: &kube::Client, a: Ask<'_>) -> bool {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let r = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(attrs(a)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &r)
+        .await
+        .expect("SelfSubjectAccessReview")
+        .status
+        .expect("status")
+        .allowed
+}
+
+fn describe(a: Ask) -> String {
+    let ns = if a.namespace.is_empty() {
+        "cluster".to_string()
+    } else {
+        format!("ns {}", a.namespace)
+    };
+    let sub = if a.subresource.is_empty() {
+        String::new()
+    } else {
+        format!("/{}", a.subresource)
+    };
+    let group = if a.group.is_empty() {
+        String::new()
+    } else {
+        format!(".{}", a.group)
+    };
+    format!("{} {}{group}{sub} ({ns})", a.verb, a.resource)
+}
+
+/// What the router must never do, whatever overlay.
+const NEVER: &[Ask] = &[
+    ask("list", "secrets", NS),
+    ask("get", "secrets", NS),
+    ask("watch", "secrets", NS),
+    ask("list", "secrets", ""),
+    ask("list", "configmaps", NS),
+    ask("create", "pods", NS),
+    ask("delete", "pods", NS),
+    ask("patch", "pods", NS),
+    ask("update", "pods", NS),
+    ask("deletecollection", "pods", NS),
+    Ask {
+        subresource: "status",
+        ..ask("patch", "pods", NS)
+    },
+    Ask {
+        subresource: "exec",
+        ..ask("create", "pods", NS)
+    },
+    Ask {
+        subresource: "eviction",
+        ..ask("create", "pods", NS)
+    },
+    ask("list", "pods", "default"),
+    ask("list", "pods", "kube-system"),
+    ask("list", "pods", ""),
+    ask("patch", "nodes", ""),
+    ask("update", "nodes", ""),
+    ask("delete", "nodes", ""),
+    Ask {
+        subresource: "status",
+        ..ask("patch", "nodes", "")
+    },
+    ask("create", "serviceaccounts", NS),
+    Ask {
+        subresource: "token",
+        ..ask("create", "serviceaccounts", NS)
+    },
+    Ask {
+        group: "apps",
+        ..ask("list", "daemonsets", NS)
+    },
+    Ask {
+        group: "apps",
+        ..ask("patch", "deployments", NS)
+    },
+    Ask {
+        group: "rbac.authorization.k8s.io",
+        ..ask("create", "roles", NS)
+    },
+    Ask {
+        group: "rbac.authorization.k8s.io",
+        ..ask("bind", "clusterroles", "")
+    },
+];
+
+/// The resource rules the client has in `namespace`, minus what every authenticated user has
+/// (system:basic-user: create self-subject reviews), as `resource -> verbs`.
+async fn own_rules(client: &kube::Client, namespace: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let api: Api<SelfSubjectRulesReview> = Api::all(client.clone());
+    let r = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec {
+            namespace: Some(namespace.to_string()),
+        },
+        ..Default::default()
+    };
+    let st = api
+        .create(&PostParams::default(), &r)
+        .await
+        .expect("SelfSubjectRulesReview")
+        .status
+        .expect("status");
+    assert!(
+        !st.incomplete,
+        "rules review incomplete: {:?}",
+        st.evaluation_error
+    );
+    let mut rules: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in st.resource_rules {
+        let groups = r.api_groups.unwrap_or_default();
+        for res in r.resources.unwrap_or_default() {
+            if groups == ["authorization.k8s.io"]
+                && matches!(
+                    res.as_str(),
+                    "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+                )
+            {
+                continue;
+            }
+            assert!(r.resource_names.as_ref().is_none_or(|n| n.is_empty()));
+            let key = format!("{}:{res}", groups.join(","));
+            rules
+                .entry(key)
+                .or_default()
+                .extend(r.verbs.iter().cloned());
+        }
+    }
+    rules
+}
+
+fn read_only(resources: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
+    resources
+        .iter()
+        .map(|r| {
+            (
+                format!(":{r}"),
+                ["get", "list", "watch"].map(String::from).into(),
+            )
+        })
+        .collect()
+}
+
+async fn rbac_base(c: &Cluster, router_kubeconfig: &Path) {
+    let router = client_from(router_kubeconfig).await;
+    for a in [
+        ask("get", "pods", NS),
+        ask("list", "pods", NS),
+        ask("watch", "pods", NS),
+    ] {
+        assert!(
+            can_i(&router, a).await,
+            "the router may not {}",
+            describe(a)
+        );
+    }
+    let mut too_much = Vec::new();
+    for a in NEVER
+        .iter()
+        .copied()
+        .chain([ask("list", "nodes", ""), ask("watch", "nodes", "")])
+    {
+        if can_i(&router, a).await {
+            too_much.push(describe(a));
+        }
+    }
+    assert!(too_much.is_empty(), "the base's router may {too_much:?}");
+    assert_eq!(own_rules(&router, NS).await, read_only(&["pods"]));
+    assert_eq!(own_rules(&router, "default").await, BTreeMap::new());
+
+    // Real calls: reading pods works, the rest is refused by the server.
+    let pods: Api<Pod> = Api::namespaced(router.clone(), NS);
+    pods.list(&Default::default())
+        .await
+        .expect("list pods as the router");
+    let forbidden = |r: kube::Result<()>, what: &str| match r {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("{what} as the router: {other:?}, not 403"),
+    };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(router.clone(), NS);
+    forbidden(
+        secrets.list(&Default::default()).await.map(drop),
+        "list secrets",
+    );
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "router-made"},
+        "spec": {"containers": [{"name": "x", "image": "x"}]}
+    }))
+    .unwrap();
+    forbidden(
+        pods.create(&PostParams::default(), &pod).await.map(drop),
+        "create a pod",
+    );
+    let nodes: Api<Node> = Api::all(router.clone());
+    forbidden(
+        nodes.list(&Default::default()).await.map(drop),
+        "list nodes (base)",
+    );
+
+    // The node daemon's ServiceAccount may do nothing (it never talks to the API).
+    let node_sa = format!("system:serviceaccount:{NS}:computed-node");
+    let admin = client_from(&c.kubeconfig).await;
+    let sar: Api<SubjectAccessReview> = Api::all(admin);
+    for a in [
+        ask("list", "pods", NS),
+        ask("get", "secrets", NS),
+        ask("list", "nodes", ""),
+    ] {
+        let r = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(node_sa.clone()),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    format!("system:serviceaccounts:{NS}"),
+                    "system:authenticated".into(),
+                ]),
+                resource_attributes: Some(attrs(a)),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let st = sar
+            .create(&PostParams::default(), &r)
+            .await
+            .expect("SubjectAccessReview")
+            .status
+            .unwrap();
+        assert!(!st.allowed, "computed-node may {}", describe(a));
+    }
+}
+
+async fn rbac_nodes(router_kubeconfig: &Path) {
+    let router = client_from(router_kubeconfig).await;
+    for a in [
+        ask("get", "nodes", ""),
+        ask("list", "nodes", ""),
+        ask("watch", "nodes", ""),
+    ] {
+        assert!(
+            can_i(&router, a).await,
+            "with watch-nodes the router may not {}",
+            describe(a)
+        );
+    }
+    let mut too_much = Vec::new();
+    for a in NEVER {
+        if can_i(&router, *a).await {
+            too_much.push(describe(*a));
+        }
+    }
+    assert!(
+        too_much.is_empty(),
+        "with watch-nodes the router may {too_much:?}"
+    );
+    assert_eq!(own_rules(&router, NS).await, read_only(&["nodes", "pods"]));
+    assert_eq!(own_rules(&router, "default").await, read_only(&["nodes"]));
+    let nodes: Api<Node> = Api::all(router);
+    nodes
+        .list(&Default::default())
+        .await
+        .expect("list nodes with watch-nodes");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Discovery.
+
+fn pod_json(name: &str, node: &str, app: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "compute"}},
+        "spec": {"nodeName": node, "containers": [{"name": "computed", "image": "ghcr.io/paper-board/computed:0.1.0"}]}
+    }))
+    .unwrap()
+}
+
+/// What the kubelet would report: the pod's IP and its Ready condition.
+async fn set_ready(pods: &Api<Pod>, name: &str, ip: &str, ready: bool) {
+    let status = json!({"status": {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+}
+
+async fn make_node(nodes: &Api<Node>, name: &str) {
+    let n: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"compute.paper-board.io/gvisor": "true"}}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+}
+
+async fn cordon(nodes: &Api<Node>, name: &str, on: bool) {
+    let p = json!({"spec": {"unschedulable": on}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+}
+
+/// `(node name, url, cordoned)` of each node in the set.
+fn view(set: &NodeSet) -> Vec<(String, String, bool)> {
+    set.values()
+        .map(|n| (n.name.clone(), n.url.clone(), n.cordoned))
+        .collect()
+}
+
+async fn wait_set(rx: &mut watch::Receiver<NodeSet>, want: &[(&str, &str, bool)], what: &str) {
+    let want: Vec<(String, String, bool)> = want
+        .iter()
+        .map(|(n, u, c)| (n.to_string(), u.to_string(), *c))
+        .collect();
+    let r = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            if view(&rx.borrow_and_update()) == want {
+                return;
+            }
+            rx.changed().await.expect("watcher stopped");
+        }
+    })
+    .await;
+    if r.is_err() {
+        panic!(
+            "{what}: node set never became {want:?}; is {:?}",
+            view(&rx.borrow())
+        );
+    }
+}
+
+async fn discovery(c: &Cluster, router_kubeconfig: &Path) {
+    let admin = client_from(&c.kubeconfig).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    // A scenario before may have failed half-way: start with no pods.
+    pods.delete_collection(
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    for n in ["node-a", "node-b", "node-c"] {
+        make_node(&nodes, n).await;
+    }
+    // Two daemon pods before the router starts (its first list), one not ready yet.
+    for (pod, node) in [("computed-node-a", "node-a"), ("computed-node-b", "node-b")] {
+        pods.create(
+            &PostParams::default(),
+            &pod_json(pod, node, "computed-node"),
+        )
+        .await
+        .unwrap();
+    }
+    set_ready(&pods, "computed-node-a", "10.0.0.1", true).await;
+    // Look-alikes that are not node daemons: the router's own pod, and a daemon pod in
+    // another namespace (which the router may not even read).
+    pods.create(
+        &PostParams::default(),
+        &pod_json("computed-router-x", "node-a", "computed-router"),
+    )
+    .await
+    .unwrap();
+    set_ready(&pods, "computed-router-x", "10.0.0.99", true).await;
+    let other_ns: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    other_ns
+        .create(
+            &PostParams::default(),
+            &pod_json("computed-node-z", "node-c", "computed-node"),
+        )
+        .await
+        .unwrap();
+    set_ready(&other_ns, "computed-node-z", "10.0.0.98", true).await;
+
+    let router = client_from(router_kubeconfig).await;
+    let (mut rx, task) = watch_pods(router, NS, SELECTOR, 50051, true);
+    let a = ("node-a", "http://10.0.0.1:50051", false);
+    let b = ("node-b", "http://10.0.0.2:50051", false);
+    let cc = ("node-c", "http://10.0.0.3:50051", false);
+    wait_set(&mut rx, &[a], "initial list: only the ready daemon pod").await;
+
+    set_ready(&pods, "computed-node-b", "10.0.0.2", true).await;
+    wait_set(&mut rx, &[a, b], "node-b's pod becomes ready").await;
+
+    pods.create(
+        &PostParams::default(),
+        &pod_json("computed-node-c", "node-c", "computed-node"),
+    )
+    .await
+    .unwrap();
+    set_ready(&pods, "computed-node-c", "10.0.0.3", true).await;
+    wait_set(&mut rx, &[a, b, cc], "a pod added while watching").await;
+
+    cordon(&nodes, "node-a", true).await;
+    wait_set(&mut rx, &[("node-a", a.1, true), b, cc], "node-a cordoned").await;
+    cordon(&nodes, "node-a", false).await;
+    wait_set(&mut rx, &[a, b, cc], "node-a uncordoned").await;
+
+    // node-b stops answering: the node lifecycle controller marks its pods not ready.
+    set_ready(&pods, "computed-node-b", "10.0.0.2", false).await;
+    wait_set(&mut rx, &[a, cc], "node-b NotReady").await;
+    set_ready(&pods, "computed-node-b", "10.0.0.2", true).await;
+    wait_set(&mut rx, &[a, b, cc], "node-b back").await;
+
+    // node-c goes away: its Node is deleted and its pod is being deleted (Terminating: with no
+    // kubelet to confirm, it stays so), then removed.
+    nodes
+        .delete("node-c", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = pods
+        .delete("computed-node-c", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        gone.is_left(),
+        "the pod went at once; expected it Terminating"
+    );
+    wait_set(&mut rx, &[a, b], "node-c going away (pod Terminating)").await;
+    pods.delete(
+        "computed-node-c",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_set(&mut rx, &[a, b], "node-c's pod removed").await;
+
+    // A rollout replaces node-b's pod: the new one has another IP.
+    pods.delete(
+        "computed-node-b",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_set(&mut rx, &[a], "node-b's old pod deleted").await;
+    pods.create(
+        &PostParams::default(),
+        &pod_json("computed-node-b2", "node-b", "computed-node"),
+    )
+    .await
+    .unwrap();
+    set_ready(&pods, "computed-node-b2", "10.0.0.22", true).await;
+    wait_set(
+        &mut rx,
+        &[a, ("node-b", "http://10.0.0.22:50051", false)],
+        "node-b's new pod",
+    )
+    .await;
+    task.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The router binary.
+
+/// A node daemon's NodeInfo, enough for the router's health poll.
+#[derive(Clone)]
+struct FakeNode;
+
+#[tonic::async_trait]
+impl nodepb::node_info_server::NodeInfo for FakeNode {
+    async fn get_info(
+        &self,
+        _req: tonic::Request<nodepb::GetInfoRequest>,
+    ) -> Result<tonic::Response<nodepb::GetInfoResponse>, tonic::Status> {
+        Ok(tonic::Response::new(nodepb::GetInfoResponse {
+            node_name: "node-local".into(),
+            free_memory_bytes: 8 << 30,
+            free_cpu_millis: 4000,
+            max_sandboxes: 10,
+            ..Default::default()
+        }))
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The status code of `GET path` on `addr`, or None if it does not answer.
+fn http_status(addr: &str, path: &str) -> Option<u16> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+async fn wait_status(addr: &str, path: &str, want: u16, what: &str, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = None;
+    while Instant::now() < deadline {
+        let (a, p) = (addr.to_string(), path.to_string());
+        last = tokio::task::spawn_blocking(move || http_status(&a, &p))
+            .await
+            .unwrap();
+        if last == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "{what}: {path} is {last:?}, not {want}; router log:\n{}",
+        tail(log, 30)
+    );
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn router_binary(c: &Cluster, router_kubeconfig: &Path) {
+    // A fake node daemon on loopback; its pod's IP is 127.0.0.1 and the router's --node-port
+    // is its port.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let node_port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(nodepb::node_info_server::NodeInfoServer::new(FakeNode))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+
+    // The base's router args, with loopback addresses.
+    let base = c.render("base");
+    let d: Deployment = typed(one(&base, "Deployment", "computed-router"));
+    let spec = d.spec.unwrap().template.spec.unwrap();
+    let mut args = container(&spec, "router").args.clone().unwrap();
+    let (listen, metrics) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    for (f, v) in [
+        ("--listen", listen.clone()),
+        ("--metrics-listen", metrics.clone()),
+        ("--node-port", node_port.to_string()),
+    ] {
+        let i = args
+            .iter()
+            .position(|a| a == f)
+            .unwrap_or_else(|| panic!("no {f}"));
+        args[i + 1] = v;
+    }
+    assert_eq!(flag(&args, "--watch-nodes"), Some("false"));
+    let log = c.path("router.log");
+    let _router = Killed(
+        Command::new(env!("CARGO_BIN_EXE_computed"))
+            .args(&args)
+            .env("KUBECONFIG", router_kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("COMPUTE_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_status(&metrics, "/livez", 200, "router started", &log).await;
+    assert_eq!(
+        http_status(&metrics, "/readyz"),
+        Some(503),
+        "ready with no node"
+    );
+
+    let admin = client_from(&c.kubeconfig).await;
+    let pods: Api<Pod> = Api::namespaced(admin, NS);
+    pods.create(
+        &PostParams::default(),
+        &pod_json("computed-node-local", "node-local", "computed-node"),
+    )
+    .await
+    .unwrap();
+    set_ready(&pods, "computed-node-local", "127.0.0.1", true).await;
+    wait_status(&metrics, "/readyz", 200, "the node's pod is ready", &log).await;
+    set_ready(&pods, "computed-node-local", "127.0.0.1", false).await;
+    wait_status(
+        &metrics,
+        "/readyz",
+        503,
+        "the node's pod is not ready",
+        &log,
+    )
+    .await;
+    pods.delete(
+        "computed-node-local",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("discovering nodes through Kubernetes") && text.contains("node ready"),
+        "router log:\n{text}"
+    );
+    assert!(
+        !text.contains("watch error") && !text.contains("Forbidden") && !text.contains("403"),
+        "the router's RBAC fell short:\n{text}"
+    );
+    server.abort();
+}
