@@ -599,7 +599,7 @@ fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
 /// The router then stops at Kubernetes discovery: there is no kubeconfig.
 fn router_args_accepted(args: &[String], what: &str) {
     let out = Command::new(env!("CARGO_BIN_EXE_computed"))
-        .args(&args)
+        .args(args)
         .env("KUBECONFIG", "/nonexistent/kubeconfig")
         .env("HOME", "/nonexistent")
         .env_remove("KUBERNETES_SERVICE_HOST")
@@ -1270,7 +1270,14 @@ async fn discovery(c: &Cluster, router_kubeconfig: &Path) {
     set_ready(&other_ns, "computed-node-z", "10.0.0.98", true).await;
 
     let router = client_from(router_kubeconfig).await;
-    let (mut rx, task) = watch_pods(router, NS, SELECTOR, 50051, true);
+    let (mut rx, task) = watch_pods(
+        router,
+        NS,
+        SELECTOR,
+        50051,
+        computed::router::tls::Scheme::Http,
+        true,
+    );
     let a = ("node-a", "http://10.0.0.1:50051", false);
     let b = ("node-b", "http://10.0.0.2:50051", false);
     let cc = ("node-c", "http://10.0.0.3:50051", false);

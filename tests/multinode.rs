@@ -248,28 +248,9 @@ async fn three_nodes_two_routers() {
     let ext = format!("ext-{}", uuid::Uuid::new_v4().simple());
     // Its credential: issued on one node, installed on the others (whichever node the
     // routers pick for this id checks it).
-    let issue = |d: &Daemon, stdin: Option<&str>| {
-        use std::io::Write;
-        let mut c = Command::new(env!("CARGO_BIN_EXE_computectl"))
-            .arg("--socket")
-            .arg(&d.socket)
-            .args(["relay", "token", &ext])
-            .args(stdin.map(|_| "--stdin"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = c.stdin.take().unwrap();
-        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-        drop(input);
-        let o = c.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap().trim().to_string()
-    };
-    let token = issue(&nodes[0], None);
+    let token = common::relay_token(&nodes[0], &ext, None);
     for d in nodes[1..].iter().chain([&drain]) {
-        issue(d, Some(&token));
+        common::relay_token(d, &ext, Some(&token));
     }
     let mut worker = Command::new(common::agent_binary())
         .env("RELAY_TOKEN", &token)

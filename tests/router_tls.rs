@@ -307,7 +307,11 @@ async fn two_mtls_nodes_behind_routers() {
     };
     wait_health(&plain_channel(&by_name.addr).await, 1, &by_name).await;
     let ext = format!("ext-{}", uuid::Uuid::new_v4().simple());
+    // Its credential, on both nodes (the router picks one for the id).
+    let token = relay_token(&nodes[0], &ext, None);
+    relay_token(&nodes[1], &ext, Some(&token));
     let mut worker = std::process::Command::new(agent_binary())
+        .env("RELAY_TOKEN", &token)
         .args([
             "--relay",
             &by_name.addr,

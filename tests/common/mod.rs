@@ -561,3 +561,31 @@ pub fn cgroups_of(id: &str) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Issues (`token` None) or installs (`Some`) a relay worker credential for `id` on `d` with
+/// `computectl relay token`; returns the token. Behind a router, install the same token on
+/// every node: whichever node the router picks for `id` checks it.
+pub fn relay_token(d: &Daemon, id: &str, token: Option<&str>) -> String {
+    use std::io::Write;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["relay", "token", id])
+        .args(token.map(|_| "--stdin"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("computectl relay token");
+    let mut input = c.stdin.take().expect("stdin");
+    input
+        .write_all(token.unwrap_or("").as_bytes())
+        .expect("write the token");
+    drop(input);
+    let o = c.wait_with_output().expect("computectl relay token");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout)
+        .expect("utf-8 token")
+        .trim()
+        .to_string()
+}
