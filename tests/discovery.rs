@@ -192,6 +192,7 @@ async fn an_expired_watch_relists_and_drops_what_the_new_list_lacks() {
         "compute-system",
         "app.kubernetes.io/name=computed-node",
         50051,
+        computed::router::tls::Scheme::Http,
         false,
     );
     let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
