@@ -319,7 +319,11 @@ async fn many_exec_streams_from_a_vanishing_client_leak_nothing() {
         // While slots are still held, the count itself may be refused: try again.
         let inside = match exec(
             &mut c,
-            exec_req(&id, "sh", &["-c", "ps | grep -c '[s]leep 30' || true"]),
+            exec_req(
+                &id,
+                "sh",
+                &["-c", "ps -e -o args | grep -c '[s]leep 30' || true"],
+            ),
         )
         .await
         {

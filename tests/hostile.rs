@@ -268,11 +268,17 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
     if desc.status == SandboxStatus::Failed as i32 {
         assert!(!desc.failure_reason.is_empty());
     }
-    // The sandbox can free that memory itself and go on.
+    // The sandbox can free that memory itself and go on. While the sandbox is over its limit,
+    // every exec is killed at its first memory sample (20 ms): the static busybox mounted at
+    // /.compute unlinks the file within that; the image's dynamically linked `rm` takes longer
+    // to start under gVisor and would be killed first.
     if desc.status == SandboxStatus::Ready as i32 {
-        let o = exec(&mut c, exec_req(&id, "rm", &["-f", "/tmp/fill"]))
-            .await
-            .unwrap();
+        let o = exec(
+            &mut c,
+            exec_req(&id, "/.compute/busybox", &["rm", "-f", "/tmp/fill"]),
+        )
+        .await
+        .unwrap();
         eprintln!("rm after tmpfs fill: {:?}", o.completed);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(sh(&mut c, &id, "echo recovered").await, "recovered\n");

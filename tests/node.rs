@@ -508,7 +508,7 @@ async fn timeout_kills_the_exec() {
     );
     // The process inside the sandbox is gone (not just the host-side waiter), and the sandbox
     // is still usable.
-    let ps = sh(&mut c, &id, "ps -o args").await;
+    let ps = sh(&mut c, &id, "ps -e -o args").await;
     assert!(
         !ps.contains("sleep 30"),
         "timed-out process still runs: {ps}"
