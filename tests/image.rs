@@ -237,6 +237,46 @@ async fn the_common_tools_are_there_and_work() {
     let ps = sh(&mut c, &id, "sleep 30 & ps -e -o pid,args; kill $!").await;
     assert!(ps.contains("sleep 30"), "ps -e: {ps}");
 
+    // coreutils on named paths: they call statx(2) with AT_NO_AUTOMOUNT, which gVisor before
+    // mid-2023 (Debian 12's runsc) rejects with EINVAL; the image's preloaded shim retries
+    // without the flag. Each command fails with "Invalid argument" without it.
+    let listed = run(
+        &mut c,
+        &id,
+        "ls",
+        &["-ld", "/workspace/dir/inner.txt", "/proc"],
+    )
+    .await;
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 2, "ls -ld: {listed}");
+    assert!(
+        lines[0].starts_with("dr-xr-xr-x") && lines[0].ends_with(" /proc"),
+        "{listed}"
+    );
+    assert!(
+        lines[1].starts_with("-rw-") && lines[1].ends_with(" /workspace/dir/inner.txt"),
+        "{listed}"
+    );
+    assert_eq!(
+        run(
+            &mut c,
+            &id,
+            "stat",
+            &["-c", "%F %s %n", "/workspace/dir/inner.txt"]
+        )
+        .await,
+        "regular file 7 /workspace/dir/inner.txt\n"
+    );
+    assert_eq!(
+        sh(
+            &mut c,
+            &id,
+            "cp -a /workspace/dir /workspace/copy && du -sb /workspace/copy/inner.txt && ls -l /proc/self/exe | grep -o -- '-> .*'"
+        )
+        .await,
+        "7\t/workspace/copy/inner.txt\n-> /usr/bin/ls\n"
+    );
+
     c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
         .await
         .unwrap();

@@ -247,10 +247,7 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     // ours could leave a zombie behind with an init that does not reap.)
     let procs_warm = sh(&mut c, &id, "ls /proc | grep -c '^[0-9]'").await;
     assert_eq!(sh(&mut c, &id, "echo hi").await, "hi\n");
-    assert_eq!(
-        sh(&mut c, &id, "ls -A /workspace | wc -l").await.trim(),
-        "0"
-    );
+    assert_eq!(sh(&mut c, &id, "ls -A /workspace").await, "");
     let files = c
         .list_files(pb::ListFilesRequest {
             sandbox_id: id.clone(),
