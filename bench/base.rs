@@ -11,7 +11,9 @@ use anyhow::{bail, Context, Result};
 use computed::config::{Config, RuntimeKind};
 use computed::metering::{CgroupVersion, SandboxCgroup};
 use computed::runtime::image::{self, ResolvedImage};
-use computed::runtime::{spec, Containerd, ExecIo, Runtime, RuntimeChoice, SandboxLaunch};
+use computed::runtime::{
+    spec, Containerd, ExecIo, ImagePolicy, Runtime, RuntimeChoice, SandboxLaunch, SandboxRuntime,
+};
 use tokio::io::AsyncReadExt;
 
 use crate::target::{ExecOutcome, Target, IMAGE};
@@ -28,6 +30,8 @@ pub struct Base {
     image_tar: PathBuf,
     dir: PathBuf,
     rt: OnceLock<Runtime>,
+    /// The same containerd client, for execs driven call by call.
+    ctr: OnceLock<Containerd>,
     image: OnceLock<ResolvedImage>,
     live: Mutex<BTreeSet<String>>,
     /// The host copy of the data `write_read` copies in and out, and its length.
@@ -49,15 +53,13 @@ pub async fn sweep_namespace(containerd: &Path, namespace: &str) {
     let Ok(ctr) = Containerd::connect(containerd, namespace).await else {
         return;
     };
-    let rt = Runtime {
-        ctr: ctr.clone(),
-        choice: RuntimeChoice {
-            kind: RuntimeKind::RuncWrapper,
-            name: String::new(),
-            options: Default::default(),
-            binary: Default::default(),
-        },
+    let choice = RuntimeChoice {
+        kind: RuntimeKind::RuncWrapper,
+        name: String::new(),
+        options: Default::default(),
+        binary: Default::default(),
     };
+    let rt = Runtime::new(ctr.clone(), choice, ImagePolicy::default());
     let Ok(containers) = ctr.list_containers().await else {
         return;
     };
@@ -92,6 +94,7 @@ impl Base {
             image_tar: image_tar.to_path_buf(),
             dir,
             rt: OnceLock::new(),
+            ctr: OnceLock::new(),
             image: OnceLock::new(),
             live: Mutex::new(BTreeSet::new()),
             src: Mutex::new(None),
@@ -108,7 +111,10 @@ impl Base {
             .context("import the image")?;
         let resolved = image::resolve(&ctr, IMAGE).await?;
         let _ = self.image.set(resolved);
-        let _ = self.rt.set(Runtime { ctr, choice });
+        let _ = self
+            .rt
+            .set(Runtime::new(ctr.clone(), choice, ImagePolicy::default()));
+        let _ = self.ctr.set(ctr);
         Ok(())
     }
 
@@ -147,20 +153,19 @@ impl Base {
         std::fs::create_dir_all(&ws).with_context(|| format!("create {}", ws.display()))?;
         let spec = self.spec(&id, &ws, &img.env);
         self.live.lock().unwrap().insert(id.clone());
-        rt.create_container(SandboxLaunch {
+        rt.record(SandboxLaunch {
             id: &id,
             labels: HashMap::from([("compute-bench".to_string(), "baseline".to_string())]),
             spec,
             image: IMAGE,
         })
         .await?;
-        rt.start_task(&id, &img.chain_id, ["", "", ""]).await?;
+        rt.start(&id, &img.chain_id, ["", "", ""]).await?;
         Ok(id)
     }
 
     async fn run_exec(&self, id: &str, argv: &[&str], t0: Instant) -> Result<ExecOutcome> {
-        let rt = self.rt()?;
-        let ctr = &rt.ctr;
+        let ctr = self.ctr.get().context("baseline not started")?;
         let exec_id = format!("exec-{}", uuid::Uuid::new_v4().simple());
         let mut io = ExecIo::create(self.cfg.run_dir.join("io").join(id).join(&exec_id))?;
         let args: Vec<String> = argv.iter().map(|s| s.to_string()).collect();

@@ -19,22 +19,6 @@ use crate::target::{ExecOutcome, Target, IMAGE};
 
 type Client = ComputeServiceClient<Channel>;
 
-/// Environment variables that would override the daemon's config file.
-const CONFIG_ENV: &[&str] = &[
-    "COMPUTE_CONFIG",
-    "COMPUTE_LISTEN",
-    "COMPUTE_SOCKET",
-    "COMPUTE_METRICS_LISTEN",
-    "COMPUTE_STATE_DIR",
-    "COMPUTE_RUN_DIR",
-    "COMPUTE_NAMESPACE",
-    "COMPUTE_NODE_NAME",
-    "COMPUTE_DRAINING",
-    "SANDBOX_IMAGE",
-    "PVC_STORAGE_CLASS",
-    "PVC_WORKSPACE_SIZE",
-];
-
 /// The daemon side.
 pub struct Ours {
     computed: PathBuf,
@@ -68,11 +52,15 @@ impl Ours {
         let namespace = format!("bench-ours-{}", std::process::id());
         let addr = format!("127.0.0.1:{}", host::free_port()?);
         let config = dir.join("config.toml");
+        // The config file is the daemon's whole configuration (its environment is cleared of
+        // every override): the agent binary scripts/bench built goes into it.
+        let agent = std::env::var("COMPUTE_AGENT_BINARY").unwrap_or_default();
         let toml = format!(
             "listen = {addr:?}\nsocket = {socket:?}\nmetrics_listen = \"\"\n\
              containerd_socket = {containerd:?}\nnamespace = {namespace:?}\n\
              state_dir = {state:?}\nrun_dir = {run:?}\nruntime = \"auto\"\n\
-             runsc_path = {runsc:?}\nsandbox_image = {IMAGE:?}\ngc_interval_secs = 0\n",
+             runsc_path = {runsc:?}\nsandbox_image = {IMAGE:?}\ngc_interval_secs = 0\n\
+             agent_binary = {agent:?}\n",
             socket = dir.join("compute.sock"),
             state = dir.join("state"),
             run = dir.join("run"),
@@ -109,7 +97,7 @@ impl Ours {
             .args(["image", "import"])
             .arg(&self.image_tar)
             .args(["--name", IMAGE])
-            .env_remove("COMPUTE_CONFIG")
+            .env_remove(computed::config::CONFIG_FILE_ENV)
             .output()
             .await
             .with_context(|| format!("run {}", self.computed.display()))?;
@@ -137,7 +125,7 @@ impl Ours {
             .stdout(Stdio::null())
             .stderr(logf)
             .kill_on_drop(true);
-        for k in CONFIG_ENV {
+        for k in computed::config::env_vars() {
             cmd.env_remove(k);
         }
         let child = cmd.spawn().context("start computed node")?;

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod install;
 pub mod metering;
@@ -15,5 +16,7 @@ pub mod relay;
 pub mod router;
 pub mod runtime;
 pub mod server;
+pub mod size;
+pub mod tasks;
 pub mod volume;
 pub mod workspace;

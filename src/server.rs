@@ -8,8 +8,8 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::api::compute::v1::compute_service_server::ComputeServiceServer;
+use crate::api::services::{AdminService, ComputeApi, InfoApi};
 use crate::api::FILE_DESCRIPTOR_SET;
-use crate::node::service::Service;
 use crate::node::Node;
 
 /// Errors of serving.
@@ -63,26 +63,29 @@ pub fn reflection() -> Result<
     Ok((v1, v1alpha))
 }
 
-/// Serves the node until `shutdown` resolves.
+/// Serves the node until `shutdown` resolves; then cancels the node's tasks (in-flight execs
+/// end as cancelled) and returns once the listeners have finished their calls. The caller
+/// drains the node's tasks ([`Node::shutdown`]).
 pub async fn serve(
     node: Node,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let cfg = node.config().clone();
+    let node_token = node.tasks().token().clone();
     let (reporter, health) = tonic_health::server::health_reporter();
     // Health follows containerd: SERVING while it answers.
     {
         let node = node.clone();
-        tokio::spawn(async move {
+        node.clone().tasks().spawn(async move {
             let mut last = None;
             loop {
-                let ok = node.runtime().ctr.version().await.is_ok();
+                let ok = node.runtime().version().await.is_ok();
                 // The HTTP probes (`/readyz` on the metrics listener) answer the same.
                 crate::metrics::METRICS.set_serving(ok);
                 if last != Some(ok) {
                     if ok {
                         reporter
-                            .set_serving::<ComputeServiceServer<Service>>()
+                            .set_serving::<ComputeServiceServer<ComputeApi>>()
                             .await;
                         reporter
                             .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -90,7 +93,7 @@ pub async fn serve(
                     } else {
                         warn!("containerd is not answering: health NOT_SERVING");
                         reporter
-                            .set_not_serving::<ComputeServiceServer<Service>>()
+                            .set_not_serving::<ComputeServiceServer<ComputeApi>>()
                             .await;
                         reporter
                             .set_service_status("", tonic_health::ServingStatus::NotServing)
@@ -103,9 +106,8 @@ pub async fn serve(
         });
     }
     let (reflection_v1, reflection_v1alpha) = reflection()?;
-    let info = crate::api::node::v1::node_info_server::NodeInfoServer::new(
-        crate::node::info::InfoService::new(node.clone()),
-    );
+    let info =
+        crate::api::node::v1::node_info_server::NodeInfoServer::new(InfoApi::new(node.clone()));
     let relay = crate::relay::service::RelayService::new(node.relay().clone());
     // The relay carries the same payloads as ComputeService (stdin, collected stdout): the
     // same message cap, not tonic's 4 MiB default.
@@ -116,10 +118,10 @@ pub async fn serve(
     let relay_exec = crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
-    let admin = crate::api::admin::v1::node_admin_server::NodeAdminServer::new(
-        crate::node::admin::AdminService::new(node.clone()),
-    );
-    let svc = ComputeServiceServer::new(Service::new(node))
+    let admin = crate::api::admin::v1::node_admin_server::NodeAdminServer::new(AdminService::new(
+        node.clone(),
+    ));
+    let svc = ComputeServiceServer::new(ComputeApi::new(node))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
 
@@ -164,15 +166,12 @@ pub async fn serve(
     let with_admin = routes(Server::builder()).add_service(admin);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
 
-    let mut tasks = Vec::new();
+    // The listeners are this function's own tasks: joined below, stopped on `shutdown`.
+    let mut listeners = tokio::task::JoinSet::new();
     if !cfg.listen.is_empty() {
         let l = tokio::net::TcpListener::bind(&cfg.listen)
             .await
@@ -183,28 +182,43 @@ pub async fn serve(
         info!(addr = %cfg.listen, "serving ComputeService on TCP");
         let r = tcp_router;
         let rx = stop_rx.clone();
-        tasks.push(tokio::spawn(async move {
+        listeners.spawn(async move {
             r.serve_with_incoming_shutdown(tcp_incoming(l), stopped(rx))
                 .await
-        }));
+        });
     }
     if !cfg.socket.as_os_str().is_empty() {
         let l = bind_unix(&cfg.socket, &cfg.socket_group)?;
         info!(path = %cfg.socket.display(), "serving ComputeService and NodeAdmin on unix socket");
         let r = with_admin;
         let rx = stop_rx.clone();
-        tasks.push(tokio::spawn(async move {
+        listeners.spawn(async move {
             r.serve_with_incoming_shutdown(UnixListenerStream::new(l), stopped(rx))
                 .await
-        }));
+        });
     }
-    for t in tasks {
-        match t.await {
-            Ok(r) => r?,
-            Err(e) => warn!(error = %e, "server task failed"),
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut result = Ok(());
+    loop {
+        tokio::select! {
+            _ = &mut shutdown, if !*stop_tx.borrow() => {
+                // In-flight execs end as cancelled (their streams then close), and the
+                // listeners stop taking calls and finish the ones under way.
+                node_token.cancel();
+                let _ = stop_tx.send(true);
+            }
+            done = listeners.join_next() => match done {
+                None => break,
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => {
+                    result = Err(e.into());
+                    let _ = stop_tx.send(true);
+                }
+                Some(Err(e)) => warn!(error = %e, "server task failed"),
+            }
         }
     }
-    Ok(())
+    result
 }
 
 /// The TCP listener's TLS settings: none without `tls_cert`; with `tls_client_ca`, client

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use computed::node::{parse_id, validate_mount_path};
+use computed::node::parse_id;
+use computed::workspace::validate_mount_path;
 use computed::workspace::{clean_path, Error as WsError, Workspace};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -167,7 +168,7 @@ fn sizes_and_durations_never_panic() {
                 any::<i32>(),
             ),
             |(size, secs, nanos)| {
-                if let Some(v) = computed::config::parse_size(&size) {
+                if let Some(v) = computed::size::parse_size(&size) {
                     prop_assert!(v > 0);
                 }
                 let d = prost_types::Duration {

@@ -82,7 +82,7 @@ pub fn exec_request(r: pb::ExecCommandRequest) -> Result<exec::ExecRequest, node
 pub fn exec_event(e: exec::ExecEvent) -> Result<pb::ExecEvent, tonic::Status> {
     use pb::exec_event::Event;
     let (event, at) = match e {
-        exec::ExecEvent::Failed(status) => return Err(status),
+        exec::ExecEvent::Failed(e) => return Err(e.into()),
         exec::ExecEvent::Stdout(data, at) => (Event::Stdout(pb::StdoutLine { data }), at),
         exec::ExecEvent::Stderr(data, at) => (Event::Stderr(pb::StderrLine { data }), at),
         exec::ExecEvent::Completed(c, at) => (

@@ -1,11 +1,13 @@
-//! Generated wire types of `compute.v1` and `common.v1`, and the conversions between them and the
-//! domain types (in [`convert`]).
-
-#![allow(missing_docs, clippy::large_enum_variant)]
+//! The API layer: the generated wire types, the conversions between them and the domain
+//! types ([`convert`]), the one mapping of domain errors to gRPC status codes ([`status`]),
+//! and the node's gRPC services ([`services`]).
 
 pub mod convert;
+pub mod services;
+pub mod status;
 
 /// `common.v1`: shared message types.
+#[allow(missing_docs, clippy::large_enum_variant)]
 pub mod common {
     /// Version 1.
     pub mod v1 {
@@ -14,6 +16,7 @@ pub mod common {
 }
 
 /// `compute.v1`: the ComputeService.
+#[allow(missing_docs, clippy::large_enum_variant)]
 pub mod compute {
     /// Version 1.
     pub mod v1 {
@@ -22,6 +25,7 @@ pub mod compute {
 }
 
 /// `admin.v1`: the operator's view of a node.
+#[allow(missing_docs, clippy::large_enum_variant)]
 pub mod admin {
     /// Version 1.
     pub mod v1 {
@@ -30,6 +34,7 @@ pub mod admin {
 }
 
 /// `sandbox.v1`: the relay between harnesses and workers.
+#[allow(missing_docs, clippy::large_enum_variant)]
 pub mod sandbox {
     /// Version 1.
     pub mod v1 {
@@ -38,6 +43,7 @@ pub mod sandbox {
 }
 
 /// `node.v1`: what a node tells the router.
+#[allow(missing_docs, clippy::large_enum_variant)]
 pub mod node {
     /// Version 1.
     pub mod v1 {

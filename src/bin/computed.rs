@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use computed::cli::{self, local_image::ImageCmd};
@@ -362,7 +363,11 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
     let ctr = Containerd::connect(&cfg.containerd_socket, &cfg.namespace).await?;
     let choice = runtime::choose_runtime(&cfg)?;
     tracing::info!(runtime = %choice.name, kind = ?choice.kind, "runtime selected");
-    let node = Node::new(cfg, Runtime { ctr, choice });
+    let images = runtime::ImagePolicy {
+        pull_missing: cfg.pull_missing,
+        insecure_registries: cfg.insecure_registries.clone(),
+    };
+    let node = Node::new(cfg, Arc::new(Runtime::new(ctr, choice, images)));
     // containerd may still be starting: retry recovery for a while before giving up.
     let mut tries = 0;
     let n = loop {
@@ -377,32 +382,24 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
         }
     };
     tracing::info!(sandboxes = n, "recovered state from containerd");
-    let gc = node.spawn_gc_loop();
-    let meter = node.spawn_meter_loop();
-    // Pool members outlive the daemon: the next one's recovery finds them again.
-    let pool = node.spawn_pool_loop();
-    let metrics = (!node.config().metrics_listen.is_empty()).then(|| {
+    node.start_background();
+    if !node.config().metrics_listen.is_empty() {
         let addr = node.config().metrics_listen.clone();
-        tokio::spawn(async move {
+        node.tasks().spawn(async move {
             if let Err(e) = computed::metrics::serve(addr).await {
                 tracing::error!(error = %e, "metrics server failed");
             }
-        })
-    });
-    computed::server::serve(node, async {
-        shutdown_signal().await;
-        tracing::info!("sandboxes keep running");
-    })
-    .await?;
-    if let Some(gc) = gc {
-        gc.abort();
+        });
     }
-    meter.abort();
-    if let Some(p) = pool {
-        p.abort();
+    computed::server::serve(node.clone(), shutdown_signal()).await?;
+    // Execs were cancelled when the signal came: they get their grace to stop.
+    let grace = std::time::Duration::from_secs(node.config().cancel_grace_secs + 5);
+    if !node.shutdown(grace).await {
+        tracing::warn!(
+            tasks = node.tasks().len(),
+            "some tasks did not stop in time"
+        );
     }
-    if let Some(m) = metrics {
-        m.abort();
-    }
+    tracing::info!("sandboxes keep running");
     Ok(())
 }

@@ -314,45 +314,31 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metering::fake::{Counters, FakeTree};
     use crate::metering::CgroupVersion;
     use std::path::Path;
 
     struct Fake {
-        _dir: tempfile::TempDir,
-        root: PathBuf,
+        tree: FakeTree,
     }
 
     impl Fake {
         fn new() -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let root = dir.path().to_path_buf();
-            for c in ["cpuacct", "memory"] {
-                std::fs::create_dir_all(root.join(c).join("compute/x")).unwrap();
-            }
-            std::fs::write(root.join("memory/compute/x/cgroup.procs"), "").unwrap();
-            std::fs::write(
-                root.join("memory/compute/x/memory.stat"),
-                "total_inactive_file 0\n",
-            )
-            .unwrap();
-            let f = Fake { _dir: dir, root };
-            f.set(0, 0);
-            f
+            let tree = FakeTree::new(CgroupVersion::V1);
+            tree.add("/compute/x");
+            Fake { tree }
         }
         fn set(&self, cpu_ns: u64, mem: u64) {
-            std::fs::write(
-                self.root.join("cpuacct/compute/x/cpuacct.usage"),
-                cpu_ns.to_string(),
-            )
-            .unwrap();
-            std::fs::write(
-                self.root.join("memory/compute/x/memory.usage_in_bytes"),
-                mem.to_string(),
-            )
-            .unwrap();
+            let c = Counters {
+                cpu_ns,
+                usage: mem,
+                inactive: 0,
+                peak: mem,
+            };
+            self.tree.set("/compute/x", c);
         }
         fn meter(&self, p: Persisted) -> Meter {
-            let cg = SandboxCgroup::new(&self.root, CgroupVersion::V1, "/compute/x");
+            let cg = SandboxCgroup::new(self.tree.root(), CgroupVersion::V1, "/compute/x");
             Meter::new(cg, Path::new("/nonexistent").into(), p)
         }
     }

@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 
 pub mod disk;
+#[cfg(test)]
+pub mod fake;
 pub mod meter;
 
 /// Errors of metering reads.
@@ -363,52 +365,29 @@ impl MemoryWindow {
 
 #[cfg(test)]
 mod tests {
+    use super::fake::{Counters, FakeTree};
     use super::*;
 
-    fn fake_v1(root: &Path, rel: &str, cpu: u64, usage: u64, inactive: u64, peak: u64) {
-        let cpu_dir = root.join("cpuacct").join(rel);
-        let mem_dir = root.join("memory").join(rel);
-        std::fs::create_dir_all(&cpu_dir).unwrap();
-        std::fs::create_dir_all(&mem_dir).unwrap();
-        std::fs::write(cpu_dir.join("cpuacct.usage"), format!("{cpu}\n")).unwrap();
-        std::fs::write(mem_dir.join("memory.usage_in_bytes"), format!("{usage}\n")).unwrap();
-        std::fs::write(
-            mem_dir.join("memory.max_usage_in_bytes"),
-            format!("{peak}\n"),
-        )
-        .unwrap();
-        std::fs::write(
-            mem_dir.join("memory.stat"),
-            format!("cache 5\ntotal_inactive_file {inactive}\n"),
-        )
-        .unwrap();
-    }
-
     #[test]
-    fn reads_a_v1_tree() {
-        let dir = tempfile::tempdir().unwrap();
-        fake_v1(dir.path(), "compute/abc", 2_500_000, 1000, 300, 4000);
-        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V1, "/compute/abc");
-        let s = cg.sample().unwrap();
-        assert_eq!(s.cpu_ns, 2_500_000);
-        assert_eq!(s.working_set, 700);
-        assert_eq!(s.peak, 4000);
-    }
-
-    #[test]
-    fn reads_a_v2_tree() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("compute/abc");
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("cpu.stat"), "usage_usec 1500\nuser_usec 1000\n").unwrap();
-        std::fs::write(d.join("memory.current"), "9000\n").unwrap();
-        std::fs::write(d.join("memory.peak"), "12000\n").unwrap();
-        std::fs::write(d.join("memory.stat"), "anon 1\ninactive_file 1000\n").unwrap();
-        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V2, "compute/abc");
-        let s = cg.sample().unwrap();
-        assert_eq!(s.cpu_ns, 1_500_000);
-        assert_eq!(s.working_set, 8000);
-        assert_eq!(s.peak, 12000);
+    fn reads_v1_and_v2_trees() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let tree = FakeTree::new(version);
+            assert_eq!(CgroupVersion::detect(tree.root()), version);
+            let cg = tree.add("/compute/abc");
+            let c = Counters {
+                cpu_ns: 2_500_000,
+                usage: 9000,
+                inactive: 1000,
+                peak: 12000,
+            };
+            tree.set("/compute/abc", c);
+            let s = cg.sample().unwrap();
+            assert_eq!(
+                (s.cpu_ns, s.working_set, s.peak),
+                (2_500_000, 8000, 12000),
+                "{version:?}"
+            );
+        }
     }
 
     #[test]
@@ -418,37 +397,33 @@ mod tests {
             memory_limit: 300 << 20,
             pids_limit: 64,
         };
-        let dir = tempfile::tempdir().unwrap();
-        for c in ["cpu", "memory", "pids"] {
-            std::fs::create_dir_all(dir.path().join(c).join("compute/a")).unwrap();
-        }
-        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V1, "/compute/a");
+        let tree = FakeTree::new(CgroupVersion::V1);
+        let cg = tree.add("/compute/a");
         cg.set_limits(&l).unwrap();
         assert_eq!(cg.limits().unwrap(), l);
-        let rd = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+        let rd = |p: &str| std::fs::read_to_string(tree.root().join(p)).unwrap();
         assert_eq!(rd("cpu/compute/a/cpu.cfs_period_us"), "100000");
         assert_eq!(
             rd("memory/compute/a/memory.limit_in_bytes"),
             (300u64 << 20).to_string()
         );
 
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("compute/a")).unwrap();
-        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V2, "compute/a");
+        let tree = FakeTree::new(CgroupVersion::V2);
+        let cg = tree.add("compute/a");
         cg.set_limits(&l).unwrap();
         assert_eq!(cg.limits().unwrap(), l);
-        let rd = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+        let rd = |p: &str| std::fs::read_to_string(tree.root().join(p)).unwrap();
         assert_eq!(rd("compute/a/cpu.max"), "25000 100000");
 
         // A missing cgroup (the sandbox is gone) is an error, not a silent no-op.
-        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V2, "compute/none");
+        let cg = SandboxCgroup::new(tree.root(), CgroupVersion::V2, "compute/none");
         assert!(cg.set_limits(&l).is_err());
     }
 
     #[test]
     fn missing_cgroup_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let cg = SandboxCgroup::new(dir.path(), CgroupVersion::V1, "compute/none");
+        let tree = FakeTree::new(CgroupVersion::V1);
+        let cg = SandboxCgroup::new(tree.root(), CgroupVersion::V1, "compute/none");
         assert!(cg.sample().is_err());
         assert!(!cg.exists());
     }

@@ -9,7 +9,6 @@
 use tracing::{debug, warn};
 
 use super::{blocking, Error, Node, Result};
-use crate::config::parse_size;
 use crate::volume;
 
 impl Node {
@@ -17,7 +16,7 @@ impl Node {
     /// free. A filesystem that cannot be asked is not refused (logged).
     pub async fn check_free_disk(&self) -> Result<()> {
         let cfg = self.config();
-        let min = parse_size(&cfg.min_free_disk).unwrap_or(0);
+        let min = cfg.min_free_disk.bytes();
         if min == 0 {
             return Ok(());
         }

@@ -1,10 +1,9 @@
-//! The node's error type and its single mapping to `tonic::Status`.
-
-use tonic::{Code, Status};
+//! The node's error type. It says what went wrong in the node's terms; the one mapping to gRPC
+//! status codes is the API layer's (`api::status`).
 
 use crate::{metering, relay, runtime, workspace};
 
-/// Errors of node operations, as callers of ComputeService see them.
+/// Errors of node operations.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A request field is missing or malformed.
@@ -27,9 +26,18 @@ pub enum Error {
     /// A limit was hit.
     #[error("{0}")]
     ResourceExhausted(String),
-    /// containerd cannot be reached.
-    #[error("containerd unavailable: {0}")]
+    /// The node cannot take the call now (containerd unreachable, draining).
+    #[error("{0}")]
     Unavailable(String),
+    /// An exec's process could not be followed to its end: the backend running it (the
+    /// in-sandbox agent, containerd) lost it.
+    #[error("sandbox {id}: the exec was lost: {why}")]
+    ExecLost {
+        /// The sandbox.
+        id: String,
+        /// What happened.
+        why: String,
+    },
     /// A workspace operation failed.
     #[error(transparent)]
     Workspace(#[from] workspace::Error),
@@ -39,7 +47,7 @@ pub enum Error {
     /// A metering read failed.
     #[error(transparent)]
     Metering(#[from] metering::Error),
-    /// The relay's worker admission or credential store (admin calls).
+    /// The relay's worker admission, credential store or exec.
     #[error(transparent)]
     Relay(#[from] relay::Error),
     /// Anything else.
@@ -47,134 +55,13 @@ pub enum Error {
     Internal(String),
 }
 
-impl From<runtime::containerd::Error> for Error {
-    fn from(e: runtime::containerd::Error) -> Self {
-        Error::Runtime(e.into())
-    }
-}
-
-impl From<runtime::image::Error> for Error {
-    fn from(e: runtime::image::Error) -> Self {
-        Error::Runtime(e.into())
-    }
-}
-
 impl Error {
-    /// Whether containerd could not be reached (the caller may retry).
+    /// Whether the node could not reach what it needs (the caller may retry).
     pub fn is_unavailable(&self) -> bool {
         match self {
             Error::Unavailable(_) => true,
-            Error::Runtime(runtime::Error::Containerd(c))
-            | Error::Runtime(runtime::Error::Image(runtime::image::Error::Containerd(c))) => {
-                containerd_code(c) == Code::Unavailable
-            }
+            Error::Runtime(r) => r.is_unavailable(),
             _ => false,
         }
-    }
-}
-
-fn containerd_code(e: &runtime::containerd::Error) -> Code {
-    match e.code() {
-        Code::Unavailable => Code::Unavailable,
-        _ => Code::Internal,
-    }
-}
-
-impl From<Error> for Status {
-    fn from(e: Error) -> Self {
-        let code = match &e {
-            Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(_) => Code::NotFound,
-            Error::FailedPrecondition { .. } => Code::FailedPrecondition,
-            Error::NotReady(_) => Code::DeadlineExceeded,
-            Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::Unavailable(_) => Code::Unavailable,
-            Error::Workspace(w) => match w {
-                workspace::Error::InvalidPath { .. }
-                | workspace::Error::TooLarge(_)
-                | workspace::Error::Loop(_) => Code::InvalidArgument,
-                workspace::Error::Escape(_) => Code::PermissionDenied,
-                workspace::Error::NotFound(_) => Code::NotFound,
-                workspace::Error::WrongType { .. } => Code::FailedPrecondition,
-                workspace::Error::NoSpace(_) => Code::ResourceExhausted,
-                workspace::Error::Io { .. } => Code::Internal,
-            },
-            Error::Runtime(runtime::Error::Containerd(c)) => containerd_code(c),
-            Error::Runtime(runtime::Error::Image(runtime::image::Error::NotFound(_))) => {
-                Code::NotFound
-            }
-            Error::Runtime(runtime::Error::Image(runtime::image::Error::Containerd(c))) => {
-                containerd_code(c)
-            }
-            Error::Relay(r) => r.code(),
-            Error::Runtime(_) | Error::Metering(_) | Error::Internal(_) => Code::Internal,
-        };
-        if code == Code::Internal || code == Code::Unavailable {
-            tracing::error!(error = %e, "request failed");
-            // The full chain stays in the log; the caller gets a short message.
-            let short = match &e {
-                Error::Runtime(_) => "runtime failure (see node log)".to_string(),
-                other => other.to_string(),
-            };
-            return Status::new(code, short);
-        }
-        Status::new(code, e.to_string())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn codes_map_as_the_spec_says() {
-        let cases: Vec<(Error, Code)> = vec![
-            (Error::InvalidArgument("x".into()), Code::InvalidArgument),
-            (Error::NotFound("x".into()), Code::NotFound),
-            (
-                Error::FailedPrecondition {
-                    id: "x".into(),
-                    state: "FAILED".into(),
-                },
-                Code::FailedPrecondition,
-            ),
-            (Error::NotReady("x".into()), Code::DeadlineExceeded),
-            (
-                workspace::Error::Escape("x".into()).into(),
-                Code::PermissionDenied,
-            ),
-            (
-                workspace::Error::InvalidPath {
-                    path: "..".into(),
-                    why: "escapes",
-                }
-                .into(),
-                Code::InvalidArgument,
-            ),
-            (
-                workspace::Error::NotFound("x".into()).into(),
-                Code::NotFound,
-            ),
-            (workspace::Error::TooLarge(1).into(), Code::InvalidArgument),
-            (
-                workspace::Error::NoSpace("x".into()).into(),
-                Code::ResourceExhausted,
-            ),
-            (Error::Internal("x".into()), Code::Internal),
-        ];
-        for (e, code) in cases {
-            assert_eq!(e.is_unavailable(), code == Code::Unavailable);
-            let s: Status = e.into();
-            assert_eq!(s.code(), code);
-        }
-        let down = Error::Runtime(runtime::Error::Containerd(
-            runtime::containerd::Error::Call {
-                op: "Tasks.Exec",
-                what: "x".into(),
-                status: Status::unavailable("connection refused"),
-            },
-        ));
-        assert!(down.is_unavailable());
-        assert!(Error::Unavailable("draining".into()).is_unavailable());
     }
 }

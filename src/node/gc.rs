@@ -109,14 +109,14 @@ impl Node {
         Ok(freed)
     }
 
-    /// Runs GC every `gc_interval_secs` until the returned handle is aborted.
-    pub fn spawn_gc_loop(&self) -> Option<tokio::task::JoinHandle<()>> {
+    /// Runs GC every `gc_interval_secs` (none when 0), until shutdown.
+    pub(super) fn spawn_gc_loop(&self) {
         let every = self.inner.cfg.gc_interval_secs;
         if every == 0 {
-            return None;
+            return;
         }
         let node = self.clone();
-        Some(tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(every));
             loop {
                 tick.tick().await;
@@ -126,6 +126,6 @@ impl Node {
                     Err(e) => warn!(error = %e, "GC pass failed"),
                 }
             }
-        }))
+        });
     }
 }

@@ -1,28 +1,26 @@
-//! `node.v1.NodeInfo`: what the node tells the router about its capacity.
+//! What the node tells the router about its capacity.
 
-use std::time::SystemTime;
-
-use tonic::{Request, Response, Status};
-
-use super::{Node, Status as SbStatus};
-use crate::api::node::v1 as pb;
-use crate::api::node::v1::node_info_server::NodeInfo;
-
-/// The NodeInfo service over a [`Node`].
-#[derive(Clone)]
-pub struct InfoService {
-    node: Node,
-    started: SystemTime,
-}
-
-impl InfoService {
-    /// Serves `node`.
-    pub fn new(node: Node) -> Self {
-        Self {
-            node,
-            started: SystemTime::now(),
-        }
-    }
+/// The node's capacity report (NodeInfo.GetInfo).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    /// The node's name (configured, else the host name).
+    pub node_name: String,
+    /// STARTING or READY sandboxes, warm-pool members included.
+    pub live_sandboxes: u32,
+    /// Every sandbox the node knows (destroyed ones until GC).
+    pub known_sandboxes: u32,
+    /// READY pool members waiting to be claimed.
+    pub pool_sandboxes: u32,
+    /// MemAvailable minus the memory promised to live sandboxes.
+    pub free_memory_bytes: u64,
+    /// CPU millicores (cores × 1000 × overcommit) minus those promised.
+    pub free_cpu_millis: u64,
+    /// Whether the node takes no new sandboxes.
+    pub draining: bool,
+    /// Most sandboxes the node takes.
+    pub max_sandboxes: u32,
+    /// The containerd runtime name.
+    pub runtime: String,
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -39,16 +37,13 @@ fn mem_available() -> u64 {
         .unwrap_or(0)
 }
 
-impl Node {
+impl super::Node {
     /// The node's capacity report.
-    pub fn info(&self, started: SystemTime) -> pb::GetInfoResponse {
+    pub fn capacity(&self) -> Capacity {
         let cfg = self.config();
         // Pool members count as live: they hold memory, CPU promises and a slot.
         let all = self.list();
-        let live: Vec<_> = all
-            .iter()
-            .filter(|s| matches!(s.state().status, SbStatus::Starting | SbStatus::Ready))
-            .collect();
+        let live: Vec<_> = all.iter().filter(|s| s.status().is_live()).collect();
         let promised_mem: u64 = live.iter().map(|s| s.limits.memory_bytes).sum();
         let promised_cpu: u64 = live.iter().map(|s| u64::from(s.limits.cpu_millis)).sum();
         let cores = std::thread::available_parallelism()
@@ -62,34 +57,20 @@ impl Node {
         } else {
             cfg.node_name.clone()
         };
-        pb::GetInfoResponse {
+        Capacity {
             node_name,
             live_sandboxes: live.len() as u32,
             known_sandboxes: all.len() as u32,
             // Members waiting to be claimed (booting ones are not waiting yet).
             pool_sandboxes: live
                 .iter()
-                .filter(|s| s.pool && s.state().status == SbStatus::Ready)
+                .filter(|s| s.pool && s.status().can_exec())
                 .count() as u32,
             free_memory_bytes: mem_available().saturating_sub(promised_mem),
             free_cpu_millis: cpu_total.saturating_sub(promised_cpu),
             draining: cfg.draining,
             max_sandboxes: cfg.max_sandboxes,
-            runtime: self.runtime().choice.name.clone(),
-            started_at: started
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0),
+            runtime: self.runtime().choice().name.clone(),
         }
-    }
-}
-
-#[tonic::async_trait]
-impl NodeInfo for InfoService {
-    async fn get_info(
-        &self,
-        _req: Request<pb::GetInfoRequest>,
-    ) -> Result<Response<pb::GetInfoResponse>, Status> {
-        Ok(Response::new(self.node.info(self.started)))
     }
 }

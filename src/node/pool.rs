@@ -16,13 +16,12 @@ use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
 use super::{
-    blocking, label, volume, CreateRequest, Error, Limits, Node, Result, Sandbox, State, Status,
-    WorkspaceSpec,
+    blocking, record, volume, Definition, Error, Limits, Node, Resolved, Result, Sandbox, State,
+    Status, WorkspaceSpec,
 };
 use crate::config::PoolEntry;
 use crate::metering::meter::Persisted;
 use crate::metrics::METRICS;
-use crate::runtime::image;
 
 /// How long the refill loop waits after a claim before booting a replacement.
 const REFILL_DELAY: Duration = Duration::from_millis(250);
@@ -37,16 +36,17 @@ pub(super) enum Claim {
     Miss,
 }
 
+/// The workspace of an entry's members (an entry from [`crate::config::Config::pool_entries`],
+/// whose every field is filled).
 fn entry_workspace(e: &PoolEntry) -> WorkspaceSpec {
     WorkspaceSpec {
         storage_class: e.storage_class.clone(),
-        size: e.workspace_size.clone(),
+        size: e
+            .workspace_size
+            .clone()
+            .unwrap_or_else(crate::size::ByteSize::zero),
         mount_path: e.mount_path.clone(),
     }
-}
-
-fn is_live(sb: &Sandbox) -> bool {
-    matches!(sb.state().status, Status::Starting | Status::Ready)
 }
 
 impl Node {
@@ -60,7 +60,7 @@ impl Node {
         self.table()
             .by_id
             .values()
-            .filter(|sb| sb.pool && is_live(sb))
+            .filter(|sb| sb.pool && sb.status().is_live())
             .cloned()
             .collect()
     }
@@ -70,38 +70,25 @@ impl Node {
     /// alias fits, a re-imported image does not) and the workspace (storage class, size,
     /// mount path) is the member's; limits always fit, as they are applied to the running
     /// cgroup. Anything failing along the way retires the member and ends in `Miss`.
-    pub(super) async fn claim(
-        &self,
-        req: &CreateRequest,
-        image: &str,
-        limits: Limits,
-        ws: &WorkspaceSpec,
-    ) -> Result<Claim> {
+    pub(super) async fn claim(&self, want: &Resolved) -> Result<Claim> {
         if !self.pool_enabled() {
             return Ok(Claim::Miss);
         }
         let t0 = std::time::Instant::now();
-        let candidate =
-            |sb: &Sandbox| sb.pool && sb.workspace == *ws && sb.state().status == Status::Ready;
+        let candidate = |sb: &Sandbox| {
+            sb.pool && sb.workspace == want.workspace && sb.status() == Status::Ready
+        };
         // No containerd call on a sure miss.
         if !self.table().by_id.values().any(|sb| candidate(sb)) {
             METRICS.pool_claim(false);
             return Ok(Claim::Miss);
         }
-        let digest = match self.inner.rt.ctr.get_image(image).await {
-            Ok(i) => i.target.map(|t| t.digest).unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        let session_key = (req.tenant_id.clone(), req.session_id.clone());
+        let digest = self.inner.rt.image_digest(&want.image).await;
+        let session_key = want.session_key();
         let (member, claimed) = {
             let mut t = self.table();
-            if let Some(existing) = t
-                .by_session
-                .get(&session_key)
-                .and_then(|id| t.by_id.get(id))
-                .filter(|sb| is_live(sb))
-            {
-                return Ok(Claim::Existing(existing.clone()));
+            if let Some(existing) = t.live_session(&session_key) {
+                return Ok(Claim::Existing(existing));
             }
             let Some(member) = t
                 .by_id
@@ -113,20 +100,8 @@ impl Node {
                 METRICS.pool_claim(false);
                 return Ok(Claim::Miss);
             };
-            let claimed = Arc::new(Sandbox {
-                id: member.id.clone(),
-                tenant_id: req.tenant_id.clone(),
-                session_id: req.session_id.clone(),
-                image: image.to_string(),
-                created_at: SystemTime::now(),
-                limits,
-                workspace: ws.clone(),
-                pool: false,
-                image_digest: member.image_digest.clone(),
-                state: member.state.clone(),
-                ops: member.ops.clone(),
-                meter: member.meter.clone(),
-            });
+            let def = want.definition(member.id.clone(), member.image_digest.clone());
+            let claimed = Arc::new(member.redefined(def));
             t.by_id.insert(claimed.id.clone(), claimed.clone());
             t.by_session.insert(session_key.clone(), claimed.id.clone());
             (member, claimed)
@@ -146,12 +121,7 @@ impl Node {
             }
             Err(e) => {
                 warn!(sandbox_id = %claimed.id, error = %e, "claim failed; retiring the member");
-                {
-                    let mut t = self.table();
-                    if t.by_session.get(&session_key) == Some(&claimed.id) {
-                        t.by_session.remove(&session_key);
-                    }
-                }
+                self.table().end_session(&claimed);
                 self.retire(member).await;
                 METRICS.pool_claim(false);
                 Ok(Claim::Miss)
@@ -163,11 +133,8 @@ impl Node {
     /// and the new record in containerd (last: until then a restart sees a pool member).
     async fn apply_claim(&self, sb: &Sandbox) -> Result<()> {
         let _g = sb.ops.lock().await;
-        if sb.state().status != Status::Ready {
-            return Err(Error::Internal(format!(
-                "member is {}",
-                sb.state().status.word()
-            )));
+        if sb.status() != Status::Ready {
+            return Err(Error::Internal(format!("member is {}", sb.status().word())));
         }
         let cg = self.cgroup(&sb.id);
         let host = self.host_limits(&sb.limits);
@@ -187,12 +154,9 @@ impl Node {
             Ok(meter.persisted())
         })
         .await??;
-        let mut labels = sb.labels();
-        labels.insert(
-            label("usage"),
-            serde_json::to_string(&persisted).unwrap_or_default(),
-        );
-        self.inner.rt.ctr.set_labels(&sb.id, labels).await?;
+        let mut labels = record::labels(sb.definition());
+        labels.extend(record::usage_labels(&persisted));
+        self.inner.rt.set_labels(&sb.id, labels).await?;
         Ok(())
     }
 
@@ -204,29 +168,19 @@ impl Node {
             warn!(sandbox_id = %sb.id, error = %e, "pool member teardown failed");
         }
         self.agent_gone(&sb.id).await;
-        let cg = self.cgroup(&sb.id);
-        let exec_dir = self.inner.cfg.run_dir.join("io").join(&sb.id);
+        let leftovers = self.leftovers(&sb.id);
         let paths = self.paths(&sb.id);
         let id = sb.id.clone();
         let _ = blocking(move || {
-            for d in cg.dirs() {
-                let _ = std::fs::remove_dir(d);
-            }
-            let _ = std::fs::remove_dir_all(&exec_dir);
+            leftovers.remove();
             if let Err(e) = volume::delete(&paths) {
                 warn!(sandbox_id = %id, error = %e, "could not delete pool member workspace");
             }
         })
         .await;
-        sb.state.send_modify(|s| {
-            s.status = Status::Destroyed;
-            s.final_usage = Some(Default::default());
-        });
+        sb.set_destroyed(Default::default());
         let mut t = self.table();
-        if t.by_id
-            .get(&sb.id)
-            .is_some_and(|cur| Arc::ptr_eq(&cur.state, &sb.state))
-        {
+        if t.by_id.get(&sb.id).is_some_and(|cur| cur.same(&sb)) {
             t.by_id.remove(&sb.id);
         }
         info!(sandbox_id = %sb.id, "pool member retired");
@@ -236,25 +190,16 @@ impl Node {
     /// room on the node (or draining), nothing booted.
     async fn boot_member(&self, entry: &PoolEntry) -> Result<bool> {
         let cfg = &self.inner.cfg;
-        let ctr = &self.inner.rt.ctr;
-        let img = match ctr.get_image(&entry.image).await {
-            Err(e) if e.is_not_found() && cfg.pull_missing => {
-                info!(image = %entry.image, "pool image not local: pulling");
-                image::pull(ctr, &entry.image, &cfg.insecure_registries).await?;
-                ctr.get_image(&entry.image).await?
-            }
-            other => other?,
-        };
-        let digest = img.target.map(|t| t.digest).unwrap_or_default();
+        // Pulled first when missing (and allowed): the member's record names its digest.
+        let digest = self.inner.rt.resolve_image(&entry.image).await?.digest;
         let sb = {
             let mut t = self.table();
-            let live = t.by_id.values().filter(|s| is_live(s)).count();
+            let live = t.by_id.values().filter(|s| s.status().is_live()).count();
             if cfg.draining || live >= cfg.max_sandboxes as usize {
                 return Ok(false);
             }
-            let id = uuid::Uuid::new_v4().to_string();
-            let sb = Arc::new(Sandbox {
-                id: id.clone(),
+            let def = Definition {
+                id: uuid::Uuid::new_v4().to_string(),
                 tenant_id: String::new(),
                 session_id: String::new(),
                 image: entry.image.clone(),
@@ -267,11 +212,10 @@ impl Node {
                 workspace: entry_workspace(entry),
                 pool: true,
                 image_digest: digest,
-                state: State::starting(),
-                ops: Arc::default(),
-                meter: self.meter_for(&id, Persisted::default()),
-            });
-            t.by_id.insert(id, sb.clone());
+            };
+            let sb =
+                Arc::new(self.sandbox(def, State::new(Status::Starting, ""), Persisted::default()));
+            t.by_id.insert(sb.id.clone(), sb.clone());
             sb
         };
         let guard = sb.ops.lock().await;
@@ -296,7 +240,7 @@ impl Node {
             .table()
             .by_id
             .values()
-            .filter(|sb| sb.pool && sb.state().status != Status::Destroyed)
+            .filter(|sb| sb.pool && sb.status() != Status::Destroyed)
             .cloned()
             .collect();
         let mut kept = vec![0u32; entries.len()];
@@ -306,7 +250,7 @@ impl Node {
             let slot = entries
                 .iter()
                 .position(|e| e.image == sb.image && entry_workspace(e) == sb.workspace);
-            let keep = is_live(&sb)
+            let keep = sb.status().is_live()
                 && slot.is_some_and(|i| {
                     kept[i] += 1;
                     kept[i] <= entries[i].size
@@ -329,12 +273,12 @@ impl Node {
     /// Starts the refill loop when the node keeps a pool or has members from an earlier
     /// configuration to retire. It runs a pass at start, after every claim and every few
     /// seconds (backing off while boots fail); a draining node boots no members.
-    pub fn spawn_pool_loop(&self) -> Option<tokio::task::JoinHandle<()>> {
+    pub(super) fn spawn_pool_loop(&self) {
         if !self.pool_enabled() && !self.table().by_id.values().any(|sb| sb.pool) {
-            return None;
+            return;
         }
         let node = self.clone();
-        Some(tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let mut failures = 0u32;
             let mut woken = false;
             loop {
@@ -362,7 +306,7 @@ impl Node {
                     .map(|e| (e.image, 0))
                     .collect();
                 for sb in node.pool_members() {
-                    if sb.state().status != Status::Ready {
+                    if sb.status() != Status::Ready {
                         continue;
                     }
                     match members.iter_mut().find(|(i, _)| *i == sb.image) {
@@ -378,6 +322,6 @@ impl Node {
                     _ = tokio::time::sleep(wait) => false,
                 };
             }
-        }))
+        });
     }
 }

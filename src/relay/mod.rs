@@ -27,103 +27,28 @@
 
 pub use sandbox_agent::frame;
 pub mod auth;
+mod error;
 pub mod service;
+mod worker;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, Notify};
 use tonic::Status;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::api::sandbox::v1 as pb;
+use crate::tasks::Tasks;
+pub use error::Error;
 use pb::server_frame::Msg as ServerMsg;
 use pb::worker_frame::Msg as WorkerMsg;
+use worker::{lock, Inflight};
+pub use worker::{Origin, Worker, AGENT_TRUST};
 
-/// Errors of the relay's admission of workers and of its credential store.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// No credential, or one the node does not know.
-    #[error("{0}")]
-    Unauthenticated(&'static str),
-    /// A valid credential that does not allow this sandbox_id, or an id no network worker
-    /// may take.
-    #[error("sandbox_id {sandbox_id}: {why}")]
-    PermissionDenied {
-        /// The sandbox_id the worker asked for.
-        sandbox_id: String,
-        /// Why not.
-        why: &'static str,
-    },
-    /// Revoke of a sandbox_id without a credential.
-    #[error("no worker credential for sandbox_id {0}")]
-    NoCredential(String),
-    /// A malformed request.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// The credential file could not be read or written.
-    #[error("credential store {}: {source}", path.display())]
-    Store {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The kernel's random source failed.
-    #[error("random source: {0}")]
-    Random(String),
-}
-
-impl Error {
-    /// The gRPC code callers see.
-    pub fn code(&self) -> tonic::Code {
-        use tonic::Code;
-        match self {
-            Error::Unauthenticated(_) => Code::Unauthenticated,
-            Error::PermissionDenied { .. } => Code::PermissionDenied,
-            Error::NoCredential(_) => Code::NotFound,
-            Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::Store { .. } | Error::Random(_) => Code::Internal,
-        }
-    }
-}
-
-impl From<Error> for Status {
-    fn from(e: Error) -> Self {
-        let code = e.code();
-        if code == tonic::Code::Internal {
-            // The full chain stays in the log; the caller gets a short message.
-            error!(error = %e, "relay credential store failed");
-            return Status::new(code, "worker credential store failed");
-        }
-        Status::new(code, e.to_string())
-    }
-}
-
-/// How a worker reached the relay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// A sandbox's own agent, over the sandbox's stdio FIFOs (only the node registers it).
-    Agent,
-    /// An external worker over `SandboxWorker.Attach`, admitted with a credential.
-    Network,
-}
-
-impl Origin {
-    /// The word listings show.
-    pub fn word(self) -> &'static str {
-        match self {
-            Origin::Agent => "agent",
-            Origin::Network => "network",
-        }
-    }
-}
-
-/// The trust the node records for an in-sandbox agent: vouched for by the channel (the
-/// sandbox's private FIFOs), never taken from the agent's Hello.
-pub const AGENT_TRUST: &str = "trusted";
+/// The events of one exec, in order, ending with End or ExecError.
+pub type Events = mpsc::UnboundedReceiver<pb::ExecEvent>;
 
 /// Relay settings.
 #[derive(Debug, Clone)]
@@ -143,61 +68,6 @@ impl Default for Settings {
     }
 }
 
-/// Per-exec events, unbounded so that every event is queued in order without waiting on the
-/// harness (which would stall the worker's other execs).
-type EventTx = mpsc::UnboundedSender<Result<pb::ExecEvent, Status>>;
-
-struct Inflight {
-    tx: EventTx,
-    streaming: bool,
-    stdout: Vec<u8>,
-}
-
-/// One attached worker.
-pub struct Worker {
-    id: u64,
-    /// Its Hello (for an in-sandbox agent: as the node rewrote it).
-    pub hello: pb::Hello,
-    /// How it attached.
-    pub origin: Origin,
-    /// When it attached.
-    pub attached_at: SystemTime,
-    tx: mpsc::Sender<Result<pb::ServerFrame, Status>>,
-    inflight: Mutex<HashMap<u64, Inflight>>,
-    last_seen: Mutex<Instant>,
-    /// Dropped when silent for `heartbeat_timeout`. Not the in-sandbox agents: the sandbox's
-    /// own state tells whether they live, and 50 sandboxes' heartbeats would cost CPU.
-    watched: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn error_event(req_id: u64, message: &str) -> pb::ExecEvent {
-    pb::ExecEvent {
-        event: Some(pb::exec_event::Event::Error(pb::ExecError {
-            req_id,
-            message: message.to_string(),
-        })),
-    }
-}
-
-impl Worker {
-    /// Ends every in-flight exec with an ExecError.
-    fn fail_all(&self, why: &str) {
-        let all: Vec<(u64, Inflight)> = lock(&self.inflight).drain().collect();
-        for (req_id, f) in all {
-            let _ = f.tx.send(Ok(error_event(req_id, why)));
-        }
-    }
-
-    /// Number of execs in flight.
-    pub fn inflight(&self) -> usize {
-        lock(&self.inflight).len()
-    }
-}
-
 /// The frames the relay sends one worker.
 pub type FrameRx = mpsc::Receiver<Result<pb::ServerFrame, Status>>;
 
@@ -214,6 +84,7 @@ struct Inner {
     hosted: Hosted,
     attached: Notify,
     next_id: std::sync::atomic::AtomicU64,
+    tasks: Tasks,
 }
 
 /// The relay. Cheap to clone.
@@ -224,8 +95,14 @@ pub struct Relay {
 
 impl Relay {
     /// A relay with `settings`, admitting external workers with `credentials` and never under
-    /// an id `hosted` claims; spawns its heartbeat watchdog.
-    pub fn new(settings: Settings, credentials: auth::Credentials, hosted: Hosted) -> Self {
+    /// an id `hosted` claims; spawns its heartbeat watchdog (and every later task) through
+    /// `tasks`.
+    pub fn new(
+        settings: Settings,
+        credentials: auth::Credentials,
+        hosted: Hosted,
+        tasks: Tasks,
+    ) -> Self {
         let r = Self {
             inner: Arc::new(Inner {
                 settings,
@@ -235,10 +112,11 @@ impl Relay {
                 hosted,
                 attached: Notify::new(),
                 next_id: Default::default(),
+                tasks: tasks.clone(),
             }),
         };
         let weak = Arc::downgrade(&r.inner);
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let Some(inner) = weak.upgrade() else { return };
@@ -267,6 +145,11 @@ impl Relay {
             Origin::Agent => &self.inner.agents,
             Origin::Network => &self.inner.workers,
         }
+    }
+
+    /// The tasks the relay's work is spawned through.
+    pub fn tasks(&self) -> &Tasks {
+        &self.inner.tasks
     }
 
     /// The credential store of external workers.
@@ -406,9 +289,9 @@ impl Relay {
                 };
                 let is_stderr = c.stream == pb::Stream::Stderr as i32;
                 if f.streaming || is_stderr {
-                    let _ = f.tx.send(Ok(pb::ExecEvent {
+                    let _ = f.tx.send(pb::ExecEvent {
                         event: Some(pb::exec_event::Event::Chunk(c)),
-                    }));
+                    });
                 } else {
                     f.stdout.extend_from_slice(&c.data);
                 }
@@ -418,23 +301,23 @@ impl Relay {
                     return;
                 };
                 if !f.streaming && !f.stdout.is_empty() {
-                    let _ = f.tx.send(Ok(pb::ExecEvent {
+                    let _ = f.tx.send(pb::ExecEvent {
                         event: Some(pb::exec_event::Event::Chunk(pb::Chunk {
                             req_id: e.req_id,
                             data: f.stdout,
                             stream: pb::Stream::Stdout as i32,
                         })),
-                    }));
+                    });
                 }
-                let _ = f.tx.send(Ok(pb::ExecEvent {
+                let _ = f.tx.send(pb::ExecEvent {
                     event: Some(pb::exec_event::Event::End(e)),
-                }));
+                });
             }
             WorkerMsg::Error(e) => {
                 if let Some(f) = lock(&w.inflight).remove(&e.req_id) {
-                    let _ = f.tx.send(Ok(pb::ExecEvent {
+                    let _ = f.tx.send(pb::ExecEvent {
                         event: Some(pb::exec_event::Event::Error(e)),
-                    }));
+                    });
                 }
             }
         }
@@ -448,7 +331,7 @@ impl Relay {
         }
     }
 
-    async fn wait_worker(&self, sandbox_id: &str, agent_only: bool) -> Result<Arc<Worker>, Status> {
+    async fn wait_worker(&self, sandbox_id: &str, agent_only: bool) -> Result<Arc<Worker>, Error> {
         let deadline = Instant::now() + self.inner.settings.worker_wait;
         loop {
             let notified = self.inner.attached.notified();
@@ -457,7 +340,7 @@ impl Relay {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Status::unavailable(format!(
+                return Err(Error::Unavailable(format!(
                     "no worker attached for sandbox {sandbox_id}"
                 )));
             }
@@ -467,51 +350,35 @@ impl Relay {
 
     /// Starts an exec on the sandbox's worker (`SandboxExec`: its agent, else an external
     /// worker); events arrive on the returned receiver.
-    pub async fn exec(
-        &self,
-        req: pb::ExecRequest,
-    ) -> Result<mpsc::UnboundedReceiver<Result<pb::ExecEvent, Status>>, Status> {
+    pub async fn exec(&self, req: pb::ExecRequest) -> Result<Events, Error> {
         self.exec_with(req, false).await
     }
 
     /// Starts an exec on the sandbox's in-sandbox agent only (ComputeService's execs: an
     /// external worker, whatever its trust, never gets them).
-    pub async fn exec_on_agent(
-        &self,
-        req: pb::ExecRequest,
-    ) -> Result<mpsc::UnboundedReceiver<Result<pb::ExecEvent, Status>>, Status> {
+    pub async fn exec_on_agent(&self, req: pb::ExecRequest) -> Result<Events, Error> {
         self.exec_with(req, true).await
     }
 
-    async fn exec_with(
-        &self,
-        req: pb::ExecRequest,
-        agent_only: bool,
-    ) -> Result<mpsc::UnboundedReceiver<Result<pb::ExecEvent, Status>>, Status> {
-        let exec = req
-            .exec
-            .ok_or_else(|| Status::invalid_argument("exec is required"))?;
+    async fn exec_with(&self, req: pb::ExecRequest, agent_only: bool) -> Result<Events, Error> {
+        let invalid = |m: &str| Error::InvalidArgument(m.into());
+        let exec = req.exec.ok_or_else(|| invalid("exec is required"))?;
         if req.sandbox_id.is_empty() {
-            return Err(Status::invalid_argument("sandbox_id is required"));
+            return Err(invalid("sandbox_id is required"));
         }
         if exec.command.is_empty() {
-            return Err(Status::invalid_argument("command is required"));
+            return Err(invalid("command is required"));
         }
         let w = self.wait_worker(&req.sandbox_id, agent_only).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         {
             let mut inflight = lock(&w.inflight);
             if inflight.contains_key(&exec.req_id) {
-                return Err(Status::already_exists(format!(
-                    "req_id {} is already running on this worker",
-                    exec.req_id
-                )));
+                return Err(Error::AlreadyExists(exec.req_id));
             }
             let cap = w.hello.capacity_max as usize;
             if cap > 0 && inflight.len() >= cap {
-                return Err(Status::resource_exhausted(format!(
-                    "worker is at its capacity of {cap} concurrent execs"
-                )));
+                return Err(Error::ResourceExhausted(cap));
             }
             inflight.insert(
                 exec.req_id,
@@ -531,12 +398,12 @@ impl Relay {
             .is_err()
         {
             lock(&w.inflight).remove(&req_id);
-            return Err(Status::unavailable("worker went away"));
+            return Err(Error::Unavailable("worker went away".into()));
         }
         // The harness going away aborts the exec on the worker.
         let relay = self.clone();
         let w2 = w.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             tx.closed().await;
             if lock(&w2.inflight).remove(&req_id).is_some() {
                 relay.send_abort(&w2, req_id).await;
@@ -591,6 +458,7 @@ mod tests {
             Settings::default(),
             creds,
             Box::new(|id: &str| id == "compute-1"),
+            Tasks::new(),
         )
     }
 

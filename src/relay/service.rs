@@ -65,7 +65,7 @@ impl SandboxWorker for RelayService {
         };
         let (w, rx) = self.relay.attach_network(hello, token.as_deref())?;
         let relay = self.relay.clone();
-        tokio::spawn(async move {
+        self.relay.tasks().spawn(async move {
             loop {
                 match frames.message().await {
                     Ok(Some(f)) => relay.on_frame(&w, f),
@@ -104,11 +104,11 @@ impl SandboxExec for RelayService {
             let item = rx.recv().await?;
             let last = matches!(
                 &item,
-                Ok(pb::ExecEvent {
+                pb::ExecEvent {
                     event: Some(pb::exec_event::Event::End(_) | pb::exec_event::Event::Error(_))
-                }) | Err(_)
+                }
             );
-            Some((item, (rx, last)))
+            Some((Ok(item), (rx, last)))
         })
         .boxed();
         Ok(Response::new(stream))

@@ -1,18 +1,28 @@
 //! containerd + runsc: launching, exec'ing into and tearing down gVisor sandboxes.
+//!
+//! [`SandboxRuntime`] is the boundary the node works through: the verbs it needs (record a
+//! sandbox, start it, ask its state, wait for it, kill it, label it, exec into it, resolve or
+//! pull its image), in the node's terms. [`Runtime`] is the real one over containerd's gRPC
+//! API (its client stays private); the unit tests of `node` use a fake behind the same trait.
 
+mod choice;
 pub mod containerd;
+#[cfg(test)]
+pub mod fake;
 pub mod image;
+mod io;
 pub mod spec;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use prost::Message;
-use prost_types::Any;
+use nix::sys::signal::Signal;
 
-use crate::config::{Config, RuntimeKind};
-pub use containerd::{Containerd, TaskState};
+pub use choice::{choose_runtime, RuntimeChoice};
+pub use containerd::{Containerd, ErrorKind, TaskState};
+pub use image::{ImageInfo, ResolvedImage};
+pub use io::ExecIo;
 
 /// Errors of the runtime layer.
 #[derive(Debug, thiserror::Error)]
@@ -35,207 +45,39 @@ pub enum Error {
     },
 }
 
-type Result<T> = std::result::Result<T, Error>;
+impl Error {
+    /// The containerd failure underneath, if it is one.
+    fn containerd(&self) -> Option<&containerd::Error> {
+        match self {
+            Error::Containerd(c) | Error::Image(image::Error::Containerd(c)) => Some(c),
+            _ => None,
+        }
+    }
 
-/// Options of the runc v2 shim (`containerd.runc.v1.Options`), the fields we set.
-#[derive(Clone, PartialEq, Message)]
-struct RuncOptions {
-    #[prost(string, tag = "6")]
-    binary_name: String,
-    #[prost(string, tag = "7")]
-    root: String,
+    /// Whether containerd could not be reached (the caller may retry).
+    pub fn is_unavailable(&self) -> bool {
+        self.containerd()
+            .is_some_and(|c| c.kind() == ErrorKind::Unavailable)
+    }
+
+    /// Whether the object (container, task, process) does not exist.
+    pub fn is_not_found(&self) -> bool {
+        self.containerd()
+            .is_some_and(|c| c.kind() == ErrorKind::NotFound)
+    }
+
+    /// Whether the image named is not known (and was not pulled).
+    pub fn is_image_not_found(&self) -> bool {
+        matches!(self, Error::Image(image::Error::NotFound(_)))
+    }
 }
 
-/// Options of gVisor's shim (`runtimeoptions.v1.Options`).
-#[derive(Clone, PartialEq, Message)]
-struct RunscShimOptions {
-    #[prost(string, tag = "1")]
-    type_url: String,
-    #[prost(string, tag = "2")]
-    config_path: String,
-}
-
-/// The resolved runtime: which containerd runtime, with which options.
-#[derive(Debug, Clone)]
-pub struct RuntimeChoice {
-    /// `runsc-shim` or `runc-wrapper`.
-    pub kind: RuntimeKind,
-    /// The containerd runtime name.
-    pub name: String,
-    /// The options Any sent with every container.
-    pub options: Any,
-    /// What containerd's shim runs: the runsc wrapper (runc-wrapper) or the shim's config
-    /// file (runsc-shim). `computectl doctor` checks it.
-    pub binary: PathBuf,
-}
-
-fn on_path(bin: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(bin))
-            .find(|p| p.is_file())
-    })
-}
+/// Results of the runtime layer.
+pub type Result<T> = std::result::Result<T, Error>;
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.to_path_buf();
     move |source| Error::Io { what, path, source }
-}
-
-/// Picks the runtime and writes what it needs on disk (the runsc wrapper or the shim's TOML).
-pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
-    let kind = match cfg.runtime {
-        RuntimeKind::Auto => {
-            if on_path("containerd-shim-runsc-v1").is_some() {
-                RuntimeKind::RunscShim
-            } else {
-                RuntimeKind::RuncWrapper
-            }
-        }
-        k => k,
-    };
-    let bin_dir = cfg.state_dir.join("bin");
-    std::fs::create_dir_all(&bin_dir).map_err(io_err("create", &bin_dir))?;
-    let mut flags: Vec<String> = vec!["--network=none".into()];
-    // Writes to the image's root filesystem stay in the sandbox's memory (counted against its
-    // memory limit), not in the snapshot on the host's disk, where nothing would cap them.
-    // The workspace bind mount is not overlaid: it stays shared with the host.
-    if !cfg.runsc_flags.iter().any(|f| f.starts_with("--overlay")) {
-        flags.push("--overlay2=root:memory".into());
-    }
-    if !cfg.runsc_platform.is_empty() {
-        flags.push(format!("--platform={}", cfg.runsc_platform));
-    }
-    flags.extend(cfg.runsc_flags.iter().cloned());
-    match kind {
-        RuntimeKind::RunscShim => {
-            let toml_path = bin_dir.join("runsc.toml");
-            let mut toml = String::from("# Written by computed.\nbinary_name = ");
-            toml.push_str(&format!(
-                "{:?}\n[runsc_config]\n",
-                cfg.runsc_path.display().to_string()
-            ));
-            for f in &flags {
-                let f = f.trim_start_matches("--");
-                let (k, v) = f.split_once('=').unwrap_or((f, "true"));
-                toml.push_str(&format!("  {k} = {v:?}\n"));
-            }
-            write_if_changed(&toml_path, toml.as_bytes(), 0o644)?;
-            let opts = RunscShimOptions {
-                type_url: "io.containerd.runsc.v1.options".into(),
-                config_path: toml_path.display().to_string(),
-            };
-            Ok(RuntimeChoice {
-                kind,
-                name: "io.containerd.runsc.v1".into(),
-                binary: toml_path.clone(),
-                options: Any {
-                    type_url: "runtimeoptions.v1.Options".into(),
-                    value: opts.encode_to_vec(),
-                },
-            })
-        }
-        _ => {
-            let wrapper = bin_dir.join("runsc-compute");
-            let script = spec::wrapper_script(&cfg.runsc_path, &flags);
-            write_if_changed(&wrapper, script.as_bytes(), 0o755)?;
-            let opts = RuncOptions {
-                binary_name: wrapper.display().to_string(),
-                root: cfg.run_dir.join("runsc").display().to_string(),
-            };
-            Ok(RuntimeChoice {
-                kind: RuntimeKind::RuncWrapper,
-                name: "io.containerd.runc.v2".into(),
-                binary: wrapper.clone(),
-                options: Any {
-                    type_url: "containerd.runc.v1.Options".into(),
-                    value: opts.encode_to_vec(),
-                },
-            })
-        }
-    }
-}
-
-fn write_if_changed(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if std::fs::read(path).ok().as_deref() == Some(data) {
-        return Ok(());
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).map_err(io_err("write", &tmp))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-        .map_err(io_err("chmod", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err("rename", path))?;
-    Ok(())
-}
-
-/// The per-exec stdio FIFOs. Read ends are opened non-blocking; a write end of each is held
-/// until the process has started, so a reader never sees end-of-file before the shim opened
-/// its own write end.
-pub struct ExecIo {
-    dir: PathBuf,
-    /// Path of the stdout FIFO.
-    pub stdout_path: PathBuf,
-    /// Path of the stderr FIFO.
-    pub stderr_path: PathBuf,
-    /// Read end of stdout.
-    pub stdout: Option<tokio::net::unix::pipe::Receiver>,
-    /// Read end of stderr.
-    pub stderr: Option<tokio::net::unix::pipe::Receiver>,
-    holders: Vec<tokio::net::unix::pipe::Sender>,
-}
-
-impl ExecIo {
-    /// Makes the FIFOs under `dir` (created, and removed again on drop).
-    pub fn create(dir: PathBuf) -> Result<Self> {
-        use nix::sys::stat::Mode;
-        std::fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
-        let stdout_path = dir.join("stdout");
-        let stderr_path = dir.join("stderr");
-        let mut io = ExecIo {
-            dir,
-            stdout_path,
-            stderr_path,
-            stdout: None,
-            stderr: None,
-            holders: vec![],
-        };
-        for p in [&io.stdout_path, &io.stderr_path] {
-            nix::unistd::mkfifo(p.as_path(), Mode::from_bits_truncate(0o600)).map_err(|e| {
-                Error::Io {
-                    what: "mkfifo",
-                    path: p.clone(),
-                    source: e.into(),
-                }
-            })?;
-        }
-        let open_rx = |p: &Path| {
-            tokio::net::unix::pipe::OpenOptions::new()
-                .open_receiver(p)
-                .map_err(io_err("open fifo", p))
-        };
-        let open_tx = |p: &Path| {
-            tokio::net::unix::pipe::OpenOptions::new()
-                .open_sender(p)
-                .map_err(io_err("open fifo", p))
-        };
-        io.stdout = Some(open_rx(&io.stdout_path)?);
-        io.stderr = Some(open_rx(&io.stderr_path)?);
-        io.holders.push(open_tx(&io.stdout_path)?);
-        io.holders.push(open_tx(&io.stderr_path)?);
-        Ok(io)
-    }
-
-    /// Drops our write ends: call once the process has started.
-    pub fn release_writers(&mut self) {
-        self.holders.clear();
-    }
-}
-
-impl Drop for ExecIo {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// Everything a sandbox's container needs, as the node resolved it.
@@ -250,18 +92,168 @@ pub struct SandboxLaunch<'a> {
     pub image: &'a str,
 }
 
-/// The runtime: a containerd client plus the chosen runsc runtime.
-#[derive(Clone)]
-pub struct Runtime {
-    /// The containerd client.
-    pub ctr: Containerd,
-    /// The chosen runtime.
-    pub choice: RuntimeChoice,
+/// One sandbox record the runtime holds: its id and labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The sandbox id (the container id).
+    pub id: String,
+    /// Its labels.
+    pub labels: HashMap<String, String>,
 }
 
+/// Where images come from when a sandbox names one that is not local.
+#[derive(Debug, Clone, Default)]
+pub struct ImagePolicy {
+    /// Pull a missing image from its registry.
+    pub pull_missing: bool,
+    /// Registries reached over plain HTTP (`host:port`).
+    pub insecure_registries: Vec<String>,
+}
+
+pub use image::Progress;
+
+/// The verbs the node drives sandboxes with. Every id is a sandbox id; `exec_id` names one
+/// exec process inside it. Implementations tolerate what is already gone where the verb says
+/// so (teardown, deletes).
+#[async_trait::async_trait]
+pub trait SandboxRuntime: Send + Sync + 'static {
+    /// Which runtime launches sandboxes (for NodeInfo and `computectl doctor`).
+    fn choice(&self) -> &RuntimeChoice;
+
+    /// The runtime's version; answering at all is the health probe.
+    async fn version(&self) -> Result<String>;
+
+    /// Records a sandbox (its container, with labels and a spec; no task yet).
+    async fn record(&self, launch: SandboxLaunch<'_>) -> Result<()>;
+
+    /// Every sandbox record (recovery reads the node's state from them).
+    async fn records(&self) -> Result<Vec<Record>>;
+
+    /// Sets the given labels on a record (others stay).
+    async fn set_labels(&self, id: &str, labels: HashMap<String, String>) -> Result<()>;
+
+    /// Replaces a record's OCI spec in place when it differs (no window without a record).
+    async fn set_spec(&self, id: &str, spec: Vec<u8>) -> Result<()>;
+
+    /// Resolves an image name, pulling it first when it is not local and the policy allows.
+    async fn resolve_image(&self, name: &str) -> Result<ResolvedImage>;
+
+    /// The digest an image name points at now, without pulling (empty when unknown).
+    async fn image_digest(&self, name: &str) -> String;
+
+    /// Prepares the sandbox's rootfs on `chain_id` and creates and starts its init task with
+    /// the given stdio FIFOs (stdin, stdout, stderr; empty = none). A task left by an
+    /// interrupted start is replaced.
+    async fn start(&self, id: &str, chain_id: &str, stdio: [&str; 3]) -> Result<()>;
+
+    /// The state of the sandbox's init task.
+    async fn state(&self, id: &str) -> Result<TaskState>;
+
+    /// Waits for the init task to exit and returns its status.
+    async fn wait_exit(&self, id: &str) -> Result<u32>;
+
+    /// Signals every process of the sandbox.
+    async fn kill(&self, id: &str, signal: Signal) -> Result<()>;
+
+    /// Stops the task and deletes it, the record and the rootfs; tolerates what is gone.
+    async fn teardown(&self, id: &str) -> Result<()>;
+
+    /// Adds an exec process (an OCI `Process` JSON) with stdout/stderr FIFOs and starts it.
+    /// A process whose start fails is deleted again.
+    async fn exec_start(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process: Vec<u8>,
+        stdout: &Path,
+        stderr: &Path,
+    ) -> Result<()>;
+
+    /// Waits for an exec process to exit and returns its status.
+    async fn exec_wait(&self, id: &str, exec_id: &str) -> Result<u32>;
+
+    /// The state of an exec process.
+    async fn exec_state(&self, id: &str, exec_id: &str) -> Result<TaskState>;
+
+    /// Signals an exec process (the host-side `runsc exec`, not the process inside).
+    async fn exec_kill(&self, id: &str, exec_id: &str, signal: Signal) -> Result<()>;
+
+    /// Deletes an exited exec process; a missing one is not an error.
+    async fn exec_delete(&self, id: &str, exec_id: &str) -> Result<()>;
+
+    /// The images of the node (for operators).
+    async fn list_images(&self) -> Result<Vec<ImageInfo>>;
+
+    /// Imports an OCI or docker-save tarball; returns the names it now has.
+    async fn import_image(
+        &self,
+        path: &Path,
+        name: Option<&str>,
+        progress: Progress<'_>,
+    ) -> Result<Vec<String>>;
+
+    /// Pulls a reference from its registry.
+    async fn pull_image(&self, reference: &str, progress: Progress<'_>) -> Result<()>;
+
+    /// Gives an existing image another name.
+    async fn alias_image(&self, existing: &str, alias: &str) -> Result<()>;
+}
+
+/// The runtime: a containerd client plus the chosen runsc runtime and the image policy.
+#[derive(Clone)]
+pub struct Runtime {
+    ctr: Containerd,
+    choice: RuntimeChoice,
+    images: ImagePolicy,
+}
+
+fn signal_number(s: Signal) -> u32 {
+    s as i32 as u32
+}
+
+/// How long a delete waits for a task whose start failed (it may never answer).
+const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Runtime {
-    /// Records a sandbox's container in containerd (no snapshot, no task yet).
-    pub async fn create_container(&self, l: SandboxLaunch<'_>) -> Result<()> {
+    /// A runtime over `ctr` launching with `choice`, fetching images by `images`.
+    pub fn new(ctr: Containerd, choice: RuntimeChoice, images: ImagePolicy) -> Self {
+        Self {
+            ctr,
+            choice,
+            images,
+        }
+    }
+
+    /// Kills a task that is not stopped, waits for it (bounded) and deletes it.
+    async fn remove_task(&self, id: &str) -> Result<()> {
+        match self.ctr.task_state(id, "").await? {
+            TaskState::Missing => {}
+            TaskState::Stopped(_) => self.ctr.delete_task(id, DELETE_TIMEOUT).await?,
+            _ => {
+                // An already-exited runsc task answers Unknown to a kill: it is dead, delete
+                // it. Delete refuses a process that is still running: wait for the kill.
+                if let Err(e) = self.ctr.kill(id, "", 9, true).await {
+                    tracing::debug!(sandbox_id = %id, error = %e, "kill failed; deleting");
+                }
+                let _ = tokio::time::timeout(DELETE_TIMEOUT, self.ctr.wait(id, "")).await;
+                self.ctr.delete_task(id, DELETE_TIMEOUT).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for Runtime {
+    fn choice(&self) -> &RuntimeChoice {
+        &self.choice
+    }
+
+    async fn version(&self) -> Result<String> {
+        Ok(self.ctr.version().await?)
+    }
+
+    async fn record(&self, l: SandboxLaunch<'_>) -> Result<()> {
         self.ctr
             .create_container(
                 l.id,
@@ -275,40 +267,66 @@ impl Runtime {
         Ok(())
     }
 
-    /// Prepares the sandbox's rootfs snapshot on top of the image (`chain_id`), then creates and
-    /// starts its task with the given stdio FIFOs (stdin, stdout, stderr; empty = none).
-    pub async fn start_task(&self, id: &str, chain_id: &str, stdio: [&str; 3]) -> Result<()> {
+    async fn records(&self) -> Result<Vec<Record>> {
+        Ok(self
+            .ctr
+            .list_containers()
+            .await?
+            .into_iter()
+            .map(|c| Record {
+                id: c.id,
+                labels: c.labels,
+            })
+            .collect())
+    }
+
+    async fn set_labels(&self, id: &str, labels: HashMap<String, String>) -> Result<()> {
+        Ok(self.ctr.set_labels(id, labels).await?)
+    }
+
+    async fn set_spec(&self, id: &str, spec: Vec<u8>) -> Result<()> {
+        let current = self.ctr.get_container(id).await?;
+        if current.spec.map(|a| a.value).unwrap_or_default() != spec {
+            self.ctr.set_spec(id, spec).await?;
+        }
+        Ok(())
+    }
+
+    async fn resolve_image(&self, name: &str) -> Result<ResolvedImage> {
+        match image::resolve(&self.ctr, name).await {
+            Err(image::Error::NotFound(_)) if self.images.pull_missing => {
+                tracing::info!(image = %name, "image not local: pulling");
+                image::pull(&self.ctr, name, &self.images.insecure_registries).await?;
+                Ok(image::resolve(&self.ctr, name).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    async fn image_digest(&self, name: &str) -> String {
+        match self.ctr.get_image(name).await {
+            Ok(i) => i.target.map(|t| t.digest).unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    async fn start(&self, id: &str, chain_id: &str, stdio: [&str; 3]) -> Result<()> {
         // A retry after a crash finds the snapshot already prepared: reuse its mounts.
         let mounts = match self.ctr.prepare_snapshot(id, chain_id, None).await {
             Ok(m) => m,
-            Err(e) if e.is_already_exists() => self.ctr.snapshot_mounts(id).await?,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => self.ctr.snapshot_mounts(id).await?,
             Err(e) => return Err(e.into()),
         };
         // A task left from an interrupted start is removed first. A Tasks.Create that a daemon
         // crash cut short may still be under way in containerd: its bundle directory exists
-        // before its task does, and a second Create fails with "file exists" (or, when the
-        // first one's cleanup removes the directory under the second, the shim's fork/exec
-        // fails with "no such file or directory"). Wait for the first one to end, then retry.
+        // before its task does, and a second Create finds it busy. Wait for the first one to
+        // end, then retry.
         let mut attempts = 0;
         loop {
-            match self.ctr.task_state(id, "").await? {
-                TaskState::Missing => {}
-                TaskState::Stopped(_) => self.ctr.delete_task(id, Duration::from_secs(10)).await?,
-                _ => {
-                    // Delete refuses a process that is still running: wait for the kill.
-                    let _ = self.ctr.kill(id, "", 9, true).await;
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(10), self.ctr.wait(id, "")).await;
-                    self.ctr.delete_task(id, Duration::from_secs(10)).await?;
-                }
-            }
+            self.remove_task(id).await?;
             match self.ctr.create_task(id, mounts.clone(), stdio).await {
                 Ok(_) => break,
-                Err(e)
-                    if attempts < 40
-                        && (e.to_string().contains("file exists")
-                            || e.to_string().contains("no such file or directory")) =>
-                {
+                Err(e) if attempts < 40 && e.kind() == ErrorKind::BundleBusy => {
                     attempts += 1;
                     tracing::debug!(sandbox_id = %id, error = %e, "task bundle still there; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -318,31 +336,91 @@ impl Runtime {
         }
         if let Err(e) = self.ctr.start(id, "").await {
             let _ = self.ctr.kill(id, "", 9, true).await;
-            let _ = self.ctr.delete_task(id, Duration::from_secs(10)).await;
+            let _ = self.ctr.delete_task(id, DELETE_TIMEOUT).await;
             return Err(e.into());
         }
         Ok(())
     }
 
-    /// Stops and deletes the task, then the container and its snapshot. Every step tolerates
-    /// what is already gone.
-    pub async fn teardown(&self, id: &str) -> Result<()> {
-        match self.ctr.task_state(id, "").await? {
-            TaskState::Missing => {}
-            TaskState::Stopped(_) => {
-                self.ctr.delete_task(id, Duration::from_secs(10)).await?;
-            }
-            _ => {
-                if let Err(e) = self.ctr.kill(id, "", 9, true).await {
-                    // An already-exited runsc task answers Unknown: it is dead, delete it.
-                    tracing::debug!(sandbox_id = %id, error = %e, "kill failed; deleting");
-                }
-                let _ = tokio::time::timeout(Duration::from_secs(10), self.ctr.wait(id, "")).await;
-                self.ctr.delete_task(id, Duration::from_secs(10)).await?;
-            }
-        }
+    async fn state(&self, id: &str) -> Result<TaskState> {
+        Ok(self.ctr.task_state(id, "").await?)
+    }
+
+    async fn wait_exit(&self, id: &str) -> Result<u32> {
+        Ok(self.ctr.wait(id, "").await?)
+    }
+
+    async fn kill(&self, id: &str, signal: Signal) -> Result<()> {
+        Ok(self.ctr.kill(id, "", signal_number(signal), true).await?)
+    }
+
+    async fn teardown(&self, id: &str) -> Result<()> {
+        self.remove_task(id).await?;
         self.ctr.delete_container(id).await?;
         self.ctr.remove_snapshot(id).await?;
         Ok(())
+    }
+
+    async fn exec_start(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process: Vec<u8>,
+        stdout: &Path,
+        stderr: &Path,
+    ) -> Result<()> {
+        let (out, err) = (stdout.display().to_string(), stderr.display().to_string());
+        self.ctr.exec(id, exec_id, process, &out, &err).await?;
+        if let Err(e) = self.ctr.start(id, exec_id).await {
+            let _ = self.ctr.delete_process(id, exec_id).await;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    async fn exec_wait(&self, id: &str, exec_id: &str) -> Result<u32> {
+        Ok(self.ctr.wait(id, exec_id).await?)
+    }
+
+    async fn exec_state(&self, id: &str, exec_id: &str) -> Result<TaskState> {
+        Ok(self.ctr.task_state(id, exec_id).await?)
+    }
+
+    async fn exec_kill(&self, id: &str, exec_id: &str, signal: Signal) -> Result<()> {
+        Ok(self
+            .ctr
+            .kill(id, exec_id, signal_number(signal), false)
+            .await?)
+    }
+
+    async fn exec_delete(&self, id: &str, exec_id: &str) -> Result<()> {
+        Ok(self.ctr.delete_process(id, exec_id).await?)
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageInfo>> {
+        Ok(image::list(&self.ctr).await?)
+    }
+
+    async fn import_image(
+        &self,
+        path: &Path,
+        name: Option<&str>,
+        progress: Progress<'_>,
+    ) -> Result<Vec<String>> {
+        Ok(image::import_tar_with(&self.ctr, path, name, progress).await?)
+    }
+
+    async fn pull_image(&self, reference: &str, progress: Progress<'_>) -> Result<()> {
+        Ok(image::pull_with(
+            &self.ctr,
+            reference,
+            &self.images.insecure_registries,
+            progress,
+        )
+        .await?)
+    }
+
+    async fn alias_image(&self, existing: &str, alias: &str) -> Result<()> {
+        Ok(image::alias(&self.ctr, existing, alias).await?)
     }
 }

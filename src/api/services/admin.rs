@@ -9,11 +9,10 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::{info, instrument};
 
-use super::{blocking, gc, Error, Node, Status as SbStatus};
 use crate::api::admin::v1 as pb;
 use crate::api::admin::v1::node_admin_server::NodeAdmin;
 use crate::api::convert;
-use crate::runtime::image;
+use crate::node::{blocking, gc, parse_id, Error, Node};
 use crate::{volume, workspace};
 
 /// The admin service over a [`Node`].
@@ -95,7 +94,7 @@ impl NodeAdmin for AdminService {
                 memory_bytes: sb.limits.memory_bytes,
                 max_runtime_secs: sb.limits.max_runtime.as_secs(),
                 storage_class: sb.workspace.storage_class.clone(),
-                workspace_size: sb.workspace.size.clone(),
+                workspace_size: sb.workspace.size.to_string(),
                 mount_path: sb.workspace.mount_path.clone(),
                 usage: Some(usage.into()),
                 pool: sb.pool,
@@ -109,7 +108,8 @@ impl NodeAdmin for AdminService {
         _req: Request<pb::GetNodeRequest>,
     ) -> Result<Response<pb::GetNodeResponse>, Status> {
         let cfg = self.node.config();
-        let containerd_version = self.node.runtime().ctr.version().await.unwrap_or_default();
+        let rt = self.node.runtime();
+        let containerd_version = rt.version().await.unwrap_or_default();
         let dir = cfg.state_dir.clone();
         let free = blocking(move || {
             nix::sys::statvfs::statvfs(&dir)
@@ -117,12 +117,8 @@ impl NodeAdmin for AdminService {
                 .unwrap_or(0)
         })
         .await?;
-        let rt = self.node.runtime();
-        let sandbox_image_present = match image::resolve(&rt.ctr, &cfg.sandbox_image).await {
-            Ok(_) => true,
-            Err(image::Error::NotFound(_)) => false,
-            Err(e) => return Err(Error::from(e).into()),
-        };
+        // Without pulling: doctor asks whether the node has it.
+        let sandbox_image_present = !rt.image_digest(&cfg.sandbox_image).await.is_empty();
         let agent_binary = if self.node.agent_enabled() {
             self.node.agent_path().display().to_string()
         } else {
@@ -131,8 +127,8 @@ impl NodeAdmin for AdminService {
         Ok(Response::new(pb::GetNodeResponse {
             containerd_address: cfg.containerd_socket.display().to_string(),
             namespace: cfg.namespace.clone(),
-            runtime_name: rt.choice.name.clone(),
-            runtime_binary: rt.choice.binary.display().to_string(),
+            runtime_name: rt.choice().name.clone(),
+            runtime_binary: rt.choice().binary.display().to_string(),
             runsc_path: cfg.runsc_path.display().to_string(),
             runsc_platform: cfg.runsc_platform.clone(),
             run_dir: cfg.run_dir.display().to_string(),
@@ -147,13 +143,13 @@ impl NodeAdmin for AdminService {
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-            info: Some(self.node.info(self.started)),
+            info: Some(super::info::report(&self.node, self.started)),
             runsc_version: self.runsc_version.to_string(),
             containerd_version,
             cgroup_version: format!("{:?}", self.node.cgroup_version()).to_lowercase(),
             state_dir: cfg.state_dir.display().to_string(),
             state_dir_free_bytes: free,
-            runtime_kind: format!("{:?}", self.node.runtime().choice.kind),
+            runtime_kind: format!("{:?}", rt.choice().kind),
         }))
     }
 
@@ -183,7 +179,7 @@ impl NodeAdmin for AdminService {
         req: Request<pb::ReadTrashRequest>,
     ) -> Result<Response<pb::ReadTrashResponse>, Status> {
         let req = req.into_inner();
-        let id = super::parse_id(&req.sandbox_id)?;
+        let id = parse_id(&req.sandbox_id)?;
         let dir = self.node.config().state_dir.clone();
         let r = blocking(move || -> Result<workspace::ReadResult, Error> {
             let tomb = gc::tombstones(&dir)
@@ -230,7 +226,10 @@ impl NodeAdmin for AdminService {
         &self,
         _req: Request<pb::ListImagesRequest>,
     ) -> Result<Response<pb::ListImagesResponse>, Status> {
-        let images = image::list(&self.node.runtime().ctr)
+        let images = self
+            .node
+            .runtime()
+            .list_images()
             .await
             .map_err(Error::from)?;
         Ok(Response::new(pb::ListImagesResponse {
@@ -256,12 +255,12 @@ impl NodeAdmin for AdminService {
             return Err(Error::InvalidArgument("path is required".into()).into());
         }
         let (tx, rx) = mpsc::channel(64);
-        let ctr = self.node.runtime().ctr.clone();
-        tokio::spawn(async move {
+        let node = self.node.clone();
+        self.node.tasks().spawn(async move {
             let report = reporter(tx.clone());
             let name = (!req.name.is_empty()).then_some(req.name.as_str());
-            let r =
-                image::import_tar_with(&ctr, std::path::Path::new(&req.path), name, &report).await;
+            let path = std::path::Path::new(&req.path);
+            let r = node.runtime().import_image(path, name, &report).await;
             let last = match r {
                 Ok(names) => Ok(pb::ImageProgress {
                     phase: "done".into(),
@@ -287,11 +286,10 @@ impl NodeAdmin for AdminService {
             return Err(Error::InvalidArgument("reference is required".into()).into());
         }
         let (tx, rx) = mpsc::channel(64);
-        let ctr = self.node.runtime().ctr.clone();
-        let insecure = self.node.config().insecure_registries.clone();
-        tokio::spawn(async move {
+        let node = self.node.clone();
+        self.node.tasks().spawn(async move {
             let report = reporter(tx.clone());
-            let r = image::pull_with(&ctr, &reference, &insecure, &report).await;
+            let r = node.runtime().pull_image(&reference, &report).await;
             let last = match r {
                 Ok(()) => Ok(pb::ImageProgress {
                     phase: "done".into(),
@@ -314,7 +312,9 @@ impl NodeAdmin for AdminService {
         if req.existing.is_empty() || req.alias.is_empty() {
             return Err(Error::InvalidArgument("existing and alias are required".into()).into());
         }
-        image::alias(&self.node.runtime().ctr, &req.existing, &req.alias)
+        self.node
+            .runtime()
+            .alias_image(&req.existing, &req.alias)
             .await
             .map_err(Error::from)?;
         Ok(Response::new(pb::AliasImageResponse {}))
@@ -416,17 +416,4 @@ impl NodeAdmin for AdminService {
 
 fn rfc3339(t: std::time::SystemTime) -> String {
     chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-impl SbStatus {
-    /// Parses the status word the API prints.
-    pub fn parse(word: &str) -> Option<Self> {
-        match word.to_ascii_uppercase().as_str() {
-            "STARTING" => Some(SbStatus::Starting),
-            "READY" => Some(SbStatus::Ready),
-            "FAILED" => Some(SbStatus::Failed),
-            "DESTROYED" => Some(SbStatus::Destroyed),
-            _ => None,
-        }
-    }
 }

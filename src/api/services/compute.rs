@@ -1,68 +1,37 @@
-//! The gRPC ComputeService of one node. Handlers read: `into_inner` → domain call → `?`.
+//! `compute.v1.ComputeService` over a [`Node`]. Handlers read: `into_inner` → domain call →
+//! `?` (errors become a Status in `api::status`).
 
-use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use futures::Stream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::{blocking, Node};
 use crate::api::compute::v1 as pb;
 use crate::api::compute::v1::compute_service_server::ComputeService;
 use crate::api::convert;
 use crate::metrics::observe;
+use crate::node::{blocking, Error, Node};
 
 /// ComputeService over a [`Node`].
 #[derive(Clone)]
-pub struct Service {
+pub struct ComputeApi {
     node: Node,
-    /// Running ExecCommand streams per sandbox (`max_execs_per_sandbox`).
-    execs: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
 }
 
-impl Service {
+impl ComputeApi {
     /// Serves `node`.
     pub fn new(node: Node) -> Self {
-        Self {
-            node,
-            execs: Default::default(),
-        }
-    }
-
-    /// A slot for one more exec in sandbox `id`, held until the exec has ended and been
-    /// cleaned up; RESOURCE_EXHAUSTED when the sandbox is at `max_execs_per_sandbox`.
-    fn exec_slot(&self, id: &str) -> Result<Option<OwnedSemaphorePermit>, super::Error> {
-        let cap = self.node.config().max_execs_per_sandbox as usize;
-        if cap == 0 {
-            return Ok(None);
-        }
-        let sem = {
-            let mut m = self.execs.lock().unwrap_or_else(|p| p.into_inner());
-            // Forget idle sandboxes now and then (destroyed ones, mostly).
-            if m.len() > 1024 {
-                m.retain(|_, s| s.available_permits() < cap);
-            }
-            m.entry(id.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(cap)))
-                .clone()
-        };
-        sem.try_acquire_owned().map(Some).map_err(|_| {
-            super::Error::ResourceExhausted(format!(
-                "sandbox {id} is at its limit of {cap} concurrent execs"
-            ))
-        })
+        Self { node }
     }
 }
 
 type ExecStream = Pin<Box<dyn Stream<Item = Result<pb::ExecEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl ComputeService for Service {
+impl ComputeService for ComputeApi {
     #[instrument(skip_all)]
     async fn create_sandbox(
         &self,
@@ -75,7 +44,7 @@ impl ComputeService for Service {
                 .await?;
             Ok(Response::new(pb::CreateSandboxResponse {
                 sandbox_id: sb.id.clone(),
-                status: pb::SandboxStatus::from(sb.state().status) as i32,
+                status: pb::SandboxStatus::from(sb.status()) as i32,
                 created_at: Some(convert::timestamp(sb.created_at)),
             }))
         })
@@ -134,15 +103,7 @@ impl ComputeService for Service {
         observe("ExecCommand", async move {
             let req = req.into_inner();
             let id = req.sandbox_id.clone();
-            let ereq = convert::exec_request(req)?;
-            let sb = self.node.exec_prepare(&id, &ereq).await?;
-            let slot = self.exec_slot(&sb.id)?;
-            let (tx, rx) = mpsc::channel(64);
-            let node = self.node.clone();
-            tokio::spawn(async move {
-                node.exec(sb, ereq, tx).await;
-                drop(slot);
-            });
+            let rx = self.node.exec(&id, convert::exec_request(req)?).await?;
             let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(convert::exec_event);
             let stream: Self::ExecCommandStream = Box::pin(stream);
             Ok(Response::new(stream))
@@ -160,7 +121,7 @@ impl ComputeService for Service {
             let (_, ws) = self.node.workspace(&req.sandbox_id).await?;
             let r = blocking(move || ws.read(&req.path, req.offset, req.max_bytes))
                 .await?
-                .map_err(super::Error::from)?;
+                .map_err(Error::from)?;
             Ok(Response::new(pb::ReadFileResponse {
                 data: r.data,
                 total_size: r.total_size as i64,
@@ -181,7 +142,7 @@ impl ComputeService for Service {
             self.node.check_free_disk().await?;
             let n = blocking(move || ws.write(&req.path, &req.data, req.append, req.mode))
                 .await?
-                .map_err(super::Error::from)?;
+                .map_err(Error::from)?;
             Ok(Response::new(pb::WriteFileResponse {
                 bytes_written: n as i64,
             }))
@@ -200,7 +161,7 @@ impl ComputeService for Service {
             let (entries, truncated) =
                 blocking(move || ws.list(&req.path, req.recursive, req.max_entries))
                     .await?
-                    .map_err(super::Error::from)?;
+                    .map_err(Error::from)?;
             Ok(Response::new(pb::ListFilesResponse {
                 entries: entries.into_iter().map(Into::into).collect(),
                 truncated,

@@ -6,6 +6,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod env;
+
+pub use env::{env_vars, EnvVar, CONFIG_FILE_ENV, ENV};
+
+use crate::size::ByteSize;
 use crate::volume::Backend;
 
 /// Errors of configuration loading.
@@ -75,9 +80,9 @@ pub struct Config {
     /// Default storage class (`PVC_STORAGE_CLASS`).
     pub storage_class: String,
     /// Default workspace size (`PVC_WORKSPACE_SIZE`).
-    pub workspace_size: String,
+    pub workspace_size: ByteSize,
     /// Largest workspace a request may ask for.
-    pub max_workspace_size: String,
+    pub max_workspace_size: ByteSize,
     /// Storage classes: name → backend. An unknown class is INVALID_ARGUMENT.
     pub storage_classes: std::collections::BTreeMap<String, Backend>,
     /// How often the daemon collects expired soft-deleted workspaces, in seconds (0 = never;
@@ -161,7 +166,7 @@ pub struct Config {
     /// Free space the state directory's filesystem keeps (a quantity; `0` = none). Below it,
     /// CreateSandbox and WriteFile are RESOURCE_EXHAUSTED: sparse ext4-loop volumes must not
     /// find the host disk full under them.
-    pub min_free_disk: String,
+    pub min_free_disk: ByteSize,
     /// Most ext4-loop volumes (each holds a loop device) attached at once; 0 = no cap. At the
     /// cap, CreateSandbox with an ext4-loop class is RESOURCE_EXHAUSTED.
     pub max_loop_volumes: u32,
@@ -189,12 +194,19 @@ pub struct PoolEntry {
     /// Storage class of the members' workspaces; empty = `storage_class`.
     #[serde(default)]
     pub storage_class: String,
-    /// Workspace size of the members; empty = `workspace_size`.
+    /// Workspace size of the members; none = `workspace_size`.
     #[serde(default)]
-    pub workspace_size: String,
+    pub workspace_size: Option<ByteSize>,
     /// Mount path of the members' workspaces; empty = `/workspace`.
     #[serde(default)]
     pub mount_path: String,
+}
+
+/// The smallest workspace a sandbox may have.
+pub const MIN_WORKSPACE: u64 = 8 << 20;
+
+fn size(s: &str) -> ByteSize {
+    ByteSize::parse(s).unwrap_or_else(|_| ByteSize::zero())
 }
 
 impl Default for Config {
@@ -213,8 +225,8 @@ impl Default for Config {
             runsc_flags: vec![],
             sandbox_image: "compute.local/sandbox-python:latest".into(),
             storage_class: "standard".into(),
-            workspace_size: "5Gi".into(),
-            max_workspace_size: "100Gi".into(),
+            workspace_size: size("5Gi"),
+            max_workspace_size: size("100Gi"),
             storage_classes: [
                 ("standard".to_string(), Backend::Ext4Loop),
                 ("local".to_string(), Backend::Dir),
@@ -254,7 +266,7 @@ impl Default for Config {
             node_name: String::new(),
             draining: false,
             max_sandboxes: 200,
-            min_free_disk: "512Mi".into(),
+            min_free_disk: size("512Mi"),
             max_loop_volumes: 0,
             cpu_overcommit: 4.0,
             log_json: false,
@@ -281,75 +293,9 @@ impl Config {
             None => Config::default(),
         };
         cfg.loaded_from = path.map(Path::to_path_buf);
-        cfg.apply_env(|k| std::env::var(k).ok());
+        cfg.apply_env(|k| std::env::var(k).ok())?;
         cfg.validate()?;
         Ok(cfg)
-    }
-
-    /// Applies the environment overrides, reading variables through `get`.
-    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) {
-        let nonempty = |k: &str| get(k).filter(|v| !v.is_empty());
-        if let Some(v) = nonempty("COMPUTE_LISTEN") {
-            self.listen = v;
-        }
-        if let Some(v) = get("COMPUTE_SOCKET") {
-            self.socket = v.into();
-        }
-        if let Some(v) = get("COMPUTE_METRICS_LISTEN") {
-            self.metrics_listen = v;
-        }
-        if let Some(v) = nonempty("CONTAINERD_ADDRESS") {
-            self.containerd_socket = v.into();
-        }
-        if let Some(v) = nonempty("COMPUTE_STATE_DIR") {
-            self.state_dir = v.into();
-        }
-        if let Some(v) = nonempty("COMPUTE_RUN_DIR") {
-            self.run_dir = v.into();
-        }
-        if let Some(v) = nonempty("COMPUTE_NAMESPACE") {
-            self.namespace = v;
-        }
-        if let Some(v) = nonempty("COMPUTE_NODE_NAME") {
-            self.node_name = v;
-        }
-        if let Some(v) = nonempty("COMPUTE_DRAINING") {
-            self.draining = matches!(v.as_str(), "1" | "true" | "yes");
-        }
-        if let Some(v) = nonempty("SANDBOX_IMAGE") {
-            self.sandbox_image = v;
-        }
-        if let Some(v) = nonempty("PVC_STORAGE_CLASS") {
-            self.storage_class = v;
-        }
-        if let Some(v) = nonempty("PVC_WORKSPACE_SIZE") {
-            self.workspace_size = v;
-        }
-        if let Some(v) = nonempty("COMPUTE_AGENT") {
-            self.agent = matches!(v.as_str(), "1" | "true" | "yes");
-        }
-        if let Some(v) = nonempty("COMPUTE_AGENT_BINARY") {
-            self.agent_binary = v.into();
-        }
-        if let Some(v) = get("COMPUTE_POOL") {
-            // `IMAGE=N[,IMAGE=N...]` replaces the file's pool; an empty value turns it off.
-            // A malformed item is kept with size 0 and an empty image, which validation refuses.
-            self.pool = v
-                .split(',')
-                .map(str::trim)
-                .filter(|i| !i.is_empty())
-                .map(|item| {
-                    let (image, size) = item.rsplit_once('=').unwrap_or(("", ""));
-                    PoolEntry {
-                        image: image.trim().to_string(),
-                        size: size.trim().parse().unwrap_or(0),
-                        storage_class: String::new(),
-                        workspace_size: String::new(),
-                        mount_path: String::new(),
-                    }
-                })
-                .collect();
-        }
     }
 
     /// The pool entries with every empty field replaced by the node's default.
@@ -364,11 +310,11 @@ impl Config {
                 } else {
                     e.storage_class.clone()
                 },
-                workspace_size: if e.workspace_size.is_empty() {
-                    self.workspace_size.clone()
-                } else {
-                    e.workspace_size.clone()
-                },
+                workspace_size: Some(
+                    e.workspace_size
+                        .clone()
+                        .unwrap_or_else(|| self.workspace_size.clone()),
+                ),
                 mount_path: if e.mount_path.is_empty() {
                     "/workspace".into()
                 } else {
@@ -387,22 +333,16 @@ impl Config {
         if self.namespace.is_empty() {
             return bad("namespace is empty".into());
         }
-        if parse_size(&self.workspace_size).is_none() {
+        if self.workspace_size.bytes() < MIN_WORKSPACE {
             return bad(format!(
-                "workspace_size {:?} is not a size",
+                "workspace_size {} is under the minimum of 8Mi",
                 self.workspace_size
             ));
         }
-        if parse_size(&self.max_workspace_size).is_none() {
+        if self.max_workspace_size.bytes() < self.workspace_size.bytes() {
             return bad(format!(
-                "max_workspace_size {:?} is not a size",
-                self.max_workspace_size
-            ));
-        }
-        if self.min_free_disk.trim() != "0" && parse_size(&self.min_free_disk).is_none() {
-            return bad(format!(
-                "min_free_disk {:?} is not a size",
-                self.min_free_disk
+                "max_workspace_size {} is under workspace_size {}",
+                self.max_workspace_size, self.workspace_size
             ));
         }
         if !self.storage_classes.contains_key(&self.storage_class) {
@@ -435,13 +375,16 @@ impl Config {
                     e.image, e.storage_class
                 ));
             }
-            if parse_size(&e.workspace_size).is_none_or(|s| s < (8 << 20)) {
+            if e.workspace_size
+                .as_ref()
+                .is_none_or(|s| s.bytes() < MIN_WORKSPACE)
+            {
                 return bad(format!(
-                    "pool entry {:?}: workspace_size {:?} is not a size of at least 8Mi",
-                    e.image, e.workspace_size
+                    "pool entry {:?}: workspace_size is under the minimum of 8Mi",
+                    e.image
                 ));
             }
-            if crate::node::validate_mount_path(&e.mount_path).is_err() {
+            if crate::workspace::validate_mount_path(&e.mount_path).is_err() {
                 return bad(format!(
                     "pool entry {:?}: mount_path {:?} is not a clean absolute path",
                     e.image, e.mount_path
@@ -482,47 +425,9 @@ impl Config {
     }
 }
 
-/// Parses a Kubernetes quantity such as `5Gi`, `512Mi`, `1G` or `1000` into bytes.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let mult: u64 = match unit {
-        "" => 1,
-        "k" | "K" => 1000,
-        "M" => 1000u64.pow(2),
-        "G" => 1000u64.pow(3),
-        "T" => 1000u64.pow(4),
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        _ => return None,
-    };
-    n.checked_mul(mult).filter(|v| *v > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        for (s, v) in [
-            ("5Gi", Some(5u64 << 30)),
-            ("512Mi", Some(512 << 20)),
-            ("1G", Some(1_000_000_000)),
-            ("4096", Some(4096)),
-            ("0", None),
-            ("", None),
-            ("5GB", None),
-            ("-1Gi", None),
-            ("Gi", None),
-        ] {
-            assert_eq!(parse_size(s), v, "{s}");
-        }
-    }
 
     #[test]
     fn env_overrides_the_file() {
@@ -531,12 +436,44 @@ mod tests {
             "SANDBOX_IMAGE" => Some("img:1".into()),
             "PVC_WORKSPACE_SIZE" => Some("1Gi".into()),
             "COMPUTE_LISTEN" => Some("127.0.0.1:6000".into()),
+            "COMPUTE_SOCKET" => Some(String::new()),
+            "COMPUTE_STATE_DIR" => Some(String::new()),
             _ => None,
-        });
+        })
+        .unwrap();
         assert_eq!(c.sandbox_image, "img:1");
-        assert_eq!(c.workspace_size, "1Gi");
+        assert_eq!(c.workspace_size.bytes(), 1 << 30);
+        assert_eq!(
+            c.socket,
+            PathBuf::new(),
+            "an empty COMPUTE_SOCKET turns it off"
+        );
+        assert_eq!(
+            c.state_dir,
+            Config::default().state_dir,
+            "an empty one is ignored"
+        );
         assert_eq!(c.listen, "127.0.0.1:6000");
         c.validate().unwrap();
+        let e = Config::default()
+            .apply_env(|k| (k == "PVC_WORKSPACE_SIZE").then(|| "lots".into()))
+            .unwrap_err();
+        assert!(e.to_string().contains("PVC_WORKSPACE_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn the_env_list_is_the_one_apply_env_reads() {
+        // Every variable apply_env asks for is in env_vars(), and nothing else is.
+        let asked = std::sync::Mutex::new(Vec::new());
+        Config::default()
+            .apply_env(|k| {
+                asked.lock().unwrap().push(k.to_string());
+                None
+            })
+            .unwrap();
+        let mut listed: Vec<String> = env_vars().map(String::from).collect();
+        assert_eq!(listed.remove(0), CONFIG_FILE_ENV);
+        assert_eq!(*asked.lock().unwrap(), listed);
     }
 
     #[test]
@@ -559,7 +496,7 @@ mod tests {
         assert_eq!((e[0].image.as_str(), e[0].size), ("a:1", 2));
         assert_eq!(e[0].mount_path, "/workspace");
         assert_eq!(e[0].storage_class, "standard");
-        assert_eq!(e[0].workspace_size, "5Gi");
+        assert_eq!(e[0].workspace_size.as_ref().unwrap().as_str(), "5Gi");
         assert_eq!(e[1].mount_path, "/w");
         assert!(
             Config::default().pool.is_empty(),
@@ -567,24 +504,29 @@ mod tests {
         );
 
         let mut c = Config::default();
-        c.apply_env(|k| (k == "COMPUTE_POOL").then(|| "reg/x:1=3, y=1".into()));
+        c.apply_env(|k| (k == "COMPUTE_POOL").then(|| "reg/x:1=3, y=1".into()))
+            .unwrap();
         c.validate().unwrap();
         let e = c.pool_entries();
         assert_eq!((e[0].image.as_str(), e[0].size), ("reg/x:1", 3));
         assert_eq!((e[1].image.as_str(), e[1].size), ("y", 1));
-        c.apply_env(|k| (k == "COMPUTE_POOL").then(String::new));
+        c.apply_env(|k| (k == "COMPUTE_POOL").then(String::new))
+            .unwrap();
         assert!(c.pool.is_empty());
 
         for bad in ["x", "x=0", "=2", "x=1,x=1"] {
             let mut c = Config::default();
-            c.apply_env(|k| (k == "COMPUTE_POOL").then(|| bad.into()));
-            assert!(c.validate().is_err(), "{bad}");
+            let r = c
+                .apply_env(|k| (k == "COMPUTE_POOL").then(|| bad.into()))
+                .and_then(|_| c.validate());
+            assert!(r.is_err(), "{bad}");
         }
         let mut c = Config {
             max_sandboxes: 2,
             ..Default::default()
         };
-        c.apply_env(|k| (k == "COMPUTE_POOL").then(|| "x=3".into()));
+        c.apply_env(|k| (k == "COMPUTE_POOL").then(|| "x=3".into()))
+            .unwrap();
         assert!(c.validate().is_err(), "a pool over max_sandboxes");
         let r: Result<Config, _> = toml::from_str("[[pool]]\nimage = \"a\"\nsize = 1\nnope = 1\n");
         assert!(r.is_err());
@@ -597,11 +539,12 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().is_err());
-        let c = Config {
-            workspace_size: "lots".into(),
-            ..Default::default()
-        };
-        assert!(c.validate().is_err());
+        assert!(toml::from_str::<Config>("workspace_size = \"lots\"").is_err());
+        assert!(toml::from_str::<Config>("min_free_disk = \"-1\"").is_err());
+        let c: Config = toml::from_str("min_free_disk = \"0\"").unwrap();
+        assert_eq!(c.min_free_disk.bytes(), 0);
+        let c: Config = toml::from_str("workspace_size = \"4Mi\"").unwrap();
+        assert!(c.validate().is_err(), "under 8Mi");
     }
 
     #[test]

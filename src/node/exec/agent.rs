@@ -1,0 +1,209 @@
+//! The agent backend: the exec runs on the sandbox's own in-sandbox agent (its init), over the
+//! relay's in-sandbox registry, with no `runsc exec`. Signals are the sandbox.v1 Abort: the
+//! first is SIGTERM to the process group (the agent escalates to SIGKILL after its grace), a
+//! second is SIGKILL at once.
+
+use nix::sys::signal::Signal;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use super::lifecycle::{lost, Backend, Exit, Output};
+use super::{ExecEvent, ExecRequest};
+use crate::api::sandbox::v1 as pb;
+use crate::node::{Node, Result, Sandbox};
+use crate::relay::Relay;
+
+/// The command the agent runs for an ExecCommand: the quoted form it runs without a shell
+/// (`sandbox_agent::command`). None when an env name cannot be exported by a shell.
+pub fn shell_command(req: &ExecRequest, cwd: &str) -> Option<String> {
+    let mut env: Vec<(String, String)> = req
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.sort();
+    let mut argv = Vec::with_capacity(1 + req.args.len());
+    argv.push(req.command.clone());
+    argv.extend(req.args.iter().cloned());
+    sandbox_agent::command::render(&env, cwd, &argv)
+}
+
+/// One exec on the sandbox's agent.
+pub struct AgentExec {
+    relay: Relay,
+    sandbox_id: String,
+    req_id: u64,
+    command: String,
+    /// The agent's own timeout, a backstop behind the lifecycle's.
+    backstop_secs: u32,
+    aborts: u32,
+    pump: Option<JoinHandle<Result<Exit>>>,
+}
+
+fn rand_id() -> u64 {
+    let u = uuid::Uuid::new_v4();
+    u64::from_le_bytes(u.as_bytes()[..8].try_into().unwrap_or([0; 8]))
+}
+
+impl AgentExec {
+    /// The backend for `req` in `sb`, when its agent (bound to the sandbox's FIFOs, never an
+    /// external worker) is attached and the request can be expressed as its command.
+    pub fn new(node: &Node, sb: &Sandbox, req: &ExecRequest) -> Option<Self> {
+        node.relay().agent(&sb.id)?;
+        let command = shell_command(req, &req.cwd(sb))?;
+        let cap = node.config().exec_timeout_cap_secs;
+        let timeout = req
+            .timeout
+            .map(|t| t.as_secs())
+            .filter(|t| *t > 0)
+            .unwrap_or(cap);
+        Some(Self {
+            relay: node.relay().clone(),
+            sandbox_id: sb.id.clone(),
+            req_id: rand_id(),
+            command,
+            backstop_secs: (timeout.min(cap) + 30) as u32,
+            aborts: 0,
+            pump: None,
+        })
+    }
+
+    async fn abort(&mut self) {
+        self.aborts += 1;
+        self.relay
+            .abort_on_agent(&self.sandbox_id, self.req_id)
+            .await;
+    }
+}
+
+/// Forwards the agent's output to the client until the exec's end. The client going away is
+/// not an end: the relay's events are still drained (the lifecycle notices the hang-up).
+async fn pump(
+    sandbox_id: String,
+    mut events: mpsc::UnboundedReceiver<pb::ExecEvent>,
+    out: Output,
+) -> Result<Exit> {
+    use std::time::SystemTime;
+    while let Some(pb::ExecEvent { event }) = events.recv().await {
+        match event {
+            Some(pb::exec_event::Event::Chunk(c)) => {
+                let at = SystemTime::now();
+                let ev = if c.stream == pb::Stream::Stderr as i32 {
+                    ExecEvent::Stderr(c.data, at)
+                } else {
+                    ExecEvent::Stdout(c.data, at)
+                };
+                let _ = out.send(ev).await;
+            }
+            Some(pb::exec_event::Event::End(e)) => {
+                return Ok(if e.exit_code < 0 {
+                    Exit::Signal(-e.exit_code)
+                } else {
+                    Exit::Code(e.exit_code)
+                })
+            }
+            Some(pb::exec_event::Event::Error(e)) => {
+                return Err(lost(&sandbox_id, format!("the agent: {}", e.message)))
+            }
+            None => {}
+        }
+    }
+    Err(lost(&sandbox_id, "the agent went away"))
+}
+
+impl Backend for AgentExec {
+    fn name(&self) -> &'static str {
+        "agent"
+    }
+
+    async fn start(&mut self, out: Output) -> Result<()> {
+        let events = self
+            .relay
+            .exec_on_agent(pb::ExecRequest {
+                sandbox_id: self.sandbox_id.clone(),
+                exec: Some(pb::Exec {
+                    req_id: self.req_id,
+                    command: std::mem::take(&mut self.command),
+                    stdin: vec![],
+                    timeout_s: self.backstop_secs,
+                    streaming: true,
+                }),
+            })
+            .await?;
+        debug!(req_id = self.req_id, "exec via agent");
+        self.pump = Some(tokio::spawn(pump(self.sandbox_id.clone(), events, out)));
+        Ok(())
+    }
+
+    async fn signal(&mut self, signal: Signal) -> Result<()> {
+        // SIGKILL needs the second Abort: send as many as it takes.
+        let wanted = if signal == Signal::SIGKILL { 2 } else { 1 };
+        while self.aborts < wanted {
+            self.abort().await;
+        }
+        Ok(())
+    }
+
+    async fn wait(&mut self) -> Result<Exit> {
+        let Some(pump) = self.pump.as_mut() else {
+            return Err(lost(&self.sandbox_id, "the exec was never started"));
+        };
+        let r = pump.await;
+        self.pump = None;
+        r.unwrap_or_else(|e| Err(lost(&self.sandbox_id, format!("output pump: {e}"))))
+    }
+
+    async fn cleanup(&mut self) {
+        // The pump ends with the exec's End; one that is left (the exec was lost) goes.
+        if let Some(p) = self.pump.take() {
+            p.abort();
+        }
+    }
+}
+
+impl Drop for AgentExec {
+    fn drop(&mut self) {
+        // Ended early (an error before the end): the pump goes too, which makes the relay
+        // abort the exec on the agent.
+        if let Some(p) = self.pump.take() {
+            p.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn commands_are_quoted() {
+        let req = ExecRequest {
+            command: "python3".into(),
+            args: vec![
+                "-c".into(),
+                "print('it''s')".into(),
+                "$HOME; rm -rf /".into(),
+            ],
+            env: [("A_B".to_string(), "x'y".to_string())]
+                .into_iter()
+                .collect::<HashMap<_, _>>(),
+            working_dir: String::new(),
+            timeout: None,
+        };
+        let s = shell_command(&req, "/work space").unwrap();
+        assert!(s.contains("export A_B='x'\\''y';"));
+        assert!(s.contains("cd '/work space' && exec 'python3' '-c'"));
+        assert!(s.ends_with("'$HOME; rm -rf /'"));
+        // The agent runs it without a shell.
+        let d = sandbox_agent::command::parse(&s).unwrap();
+        assert_eq!(d.argv[3], "$HOME; rm -rf /");
+        assert_eq!(d.env, vec![("A_B".to_string(), "x'y".to_string())]);
+        let bad = ExecRequest {
+            env: [("A-B".to_string(), "1".to_string())].into_iter().collect(),
+            ..req
+        };
+        assert!(shell_command(&bad, "/").is_none());
+    }
+}

@@ -1,0 +1,309 @@
+//! A sandbox's life after admission: recorded (workspace volume + container record),
+//! provisioned in the background (image, spec, task), watched (max_runtime deadline, the init
+//! task's exit), failed, destroyed.
+//!
+//! Lock order: a sandbox's `ops` lock serialises recording, provisioning, claiming and
+//! teardown; it is never held across an image pull, and the table lock is never held across
+//! an await. Destroy cancels the sandbox's token first, so provisioning stuck in a pull ends
+//! at once.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use nix::sys::signal::Signal;
+use tracing::{info, instrument, warn};
+
+use super::{blocking, capacity, record, Error, Node, Result, Sandbox, Status};
+use crate::metering::{HostLimits, Usage, CPU_PERIOD_US};
+use crate::runtime::{spec, SandboxLaunch, TaskState};
+use crate::volume;
+
+impl Node {
+    fn backend(&self, sb: &Sandbox) -> volume::Backend {
+        self.inner
+            .cfg
+            .storage_classes
+            .get(&sb.workspace.storage_class)
+            .copied()
+            .unwrap_or(volume::Backend::Dir)
+    }
+
+    /// Makes the sandbox's workspace volume and its record in the runtime (with a placeholder
+    /// spec; provisioning writes the real one once the image is resolved).
+    pub(super) async fn record(&self, sb: &Sandbox) -> Result<()> {
+        let paths = self.paths(&sb.id);
+        let backend = self.backend(sb);
+        let size = sb.workspace.size.bytes();
+        self.check_free_disk().await?;
+        self.check_loop_devices(backend).await?;
+        let p2 = paths.clone();
+        blocking(move || volume::create(&p2, backend, size))
+            .await?
+            .map_err(|e| capacity::volume_error(&sb.id, e))?;
+        self.inner
+            .rt
+            .record(SandboxLaunch {
+                id: &sb.id,
+                labels: record::labels(sb.definition()),
+                spec: self.spec_for(sb, &[]),
+                image: &sb.image,
+            })
+            .await?;
+        Ok(())
+    }
+
+    fn spec_for(&self, sb: &Sandbox, image_env: &[String]) -> Vec<u8> {
+        let cfg = &self.inner.cfg;
+        let paths = self.paths(&sb.id);
+        let init_args: Vec<String> = if self.agent_enabled() {
+            vec![
+                "/.compute/sandbox-agent".into(),
+                "--init".into(),
+                "--stdio".into(),
+                "--sandbox-id".into(),
+                sb.id.clone(),
+                "--capacity".into(),
+                cfg.agent_capacity.to_string(),
+                "--grace".into(),
+                cfg.cancel_grace_secs.to_string(),
+                // Liveness is the sandbox's own state (no heartbeat deadline): a rare beat.
+                "--heartbeat".into(),
+                "60".into(),
+            ]
+        } else {
+            let (sh, sleep) = match self.inner.helpers_dir {
+                Some(_) => (
+                    vec!["/.compute/busybox".to_string(), "sh".into()],
+                    "/.compute/busybox sleep",
+                ),
+                None => (vec!["/bin/sh".to_string()], "sleep"),
+            };
+            let script =
+                format!("trap 'exit 0' TERM INT; while :; do {sleep} 3600 & wait $!; done");
+            sh.into_iter().chain(["-c".into(), script]).collect()
+        };
+        let host = self.host_limits(&sb.limits);
+        spec::sandbox_spec(&spec::SandboxSpec {
+            hostname: format!("sandbox-{}", &sb.id[..8]),
+            init_args,
+            env: image_env.to_vec(),
+            workspace_dir: &paths.data,
+            mount_path: &sb.workspace.mount_path,
+            helpers_dir: self.inner.helpers_dir.as_deref(),
+            cgroups_path: self.cgroups_path(&sb.id),
+            cpu_quota: host.cpu_quota,
+            memory_limit: host.memory_limit,
+            pids_limit: host.pids_limit,
+        })
+    }
+
+    /// The host cgroup limits of a sandbox with `limits`: the CFS quota of its millicores, and
+    /// its memory plus headroom for the sentry and gofer (memory_bytes itself is enforced per
+    /// exec).
+    pub(super) fn host_limits(&self, limits: &super::Limits) -> HostLimits {
+        let cfg = &self.inner.cfg;
+        HostLimits {
+            cpu_quota: i64::from(limits.cpu_millis) * (CPU_PERIOD_US as i64 / 1000),
+            memory_limit: (limits.memory_bytes
+                + cfg.memory_headroom_bytes.max(limits.memory_bytes / 4))
+                as i64,
+            pids_limit: cfg.pids_limit,
+        }
+    }
+
+    /// Provisions a STARTING sandbox in the background: READY (with its exit watch and agent
+    /// link) or FAILED with the reason. Ends at once when the sandbox is destroyed meanwhile.
+    pub(super) fn spawn_provision(&self, sb: Arc<Sandbox>) {
+        let node = self.clone();
+        self.inner.tasks.spawn_until(sb.cancel.clone(), async move {
+            // The image first, without the lock: a pull may take minutes.
+            let image = node.inner.rt.resolve_image(&sb.image).await;
+            let _guard = sb.ops.lock().await;
+            if sb.status() != Status::Starting {
+                return;
+            }
+            let started = match image {
+                Ok(image) => node.provision(&sb, &image).await,
+                Err(e) => Err(e.into()),
+            };
+            match started {
+                Ok(()) => {
+                    sb.set_status(Status::Ready, "");
+                    info!(sandbox_id = %sb.id, "sandbox ready");
+                    node.spawn_exit_watch(sb.clone());
+                    if node.agent_enabled() {
+                        node.spawn_agent_link(sb.clone(), false);
+                    }
+                }
+                Err(e) => {
+                    warn!(sandbox_id = %sb.id, error = %e, "sandbox failed to start");
+                    node.fail(&sb, &format!("start failed: {e}")).await;
+                    node.agent_gone(&sb.id).await;
+                }
+            }
+        });
+    }
+
+    async fn provision(&self, sb: &Sandbox, image: &crate::runtime::ResolvedImage) -> Result<()> {
+        let rt = &self.inner.rt;
+        // Put the image's environment into the container's spec, in place: deleting and
+        // re-creating the container would lose the record to a crash in between.
+        rt.set_spec(&sb.id, self.spec_for(sb, &image.env)).await?;
+        let (stdin, stdout, stderr) = if self.agent_enabled() {
+            let (i, o) = self.prepare_agent_io(&sb.id).await?;
+            (i, o, self.agent_stderr(&sb.id))
+        } else {
+            (String::new(), String::new(), String::new())
+        };
+        rt.start(&sb.id, &image.chain_id, [&stdin, &stdout, &stderr])
+            .await?;
+        Ok(())
+    }
+
+    /// Marks a sandbox FAILED (in memory and in its record) and stops its task.
+    pub(super) async fn fail(&self, sb: &Sandbox, reason: &str) {
+        sb.set_status(Status::Failed, reason);
+        let rt = &self.inner.rt;
+        if let Err(e) = rt.set_labels(&sb.id, record::failure_labels(reason)).await {
+            warn!(sandbox_id = %sb.id, error = %e, "could not record failure");
+        }
+        if let Ok(state) = rt.state(&sb.id).await {
+            if !matches!(state, TaskState::Missing | TaskState::Stopped(_)) {
+                let _ = rt.kill(&sb.id, Signal::SIGKILL).await;
+            }
+        }
+    }
+
+    /// FAILED at `created_at + max_runtime` unless it ended before.
+    pub(super) fn spawn_deadline(&self, sb: Arc<Sandbox>) {
+        let node = self.clone();
+        self.inner.tasks.spawn(async move {
+            let deadline = sb.created_at + sb.limits.max_runtime;
+            let left = deadline
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO);
+            let mut rx = sb.subscribe();
+            let sleep = tokio::time::sleep(left);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut sleep => break,
+                    r = rx.changed() => {
+                        if r.is_err() || rx.borrow().status.has_ended() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _g = sb.ops.lock().await;
+            if sb.status().is_live() {
+                warn!(sandbox_id = %sb.id, "max_runtime exceeded");
+                node.fail(&sb, "max_runtime exceeded").await;
+            }
+        });
+    }
+
+    /// Watches the sandbox's init task: when it exits on its own, the sandbox is FAILED.
+    pub(super) fn spawn_exit_watch(&self, sb: Arc<Sandbox>) {
+        let node = self.clone();
+        self.inner.tasks.spawn(async move {
+            loop {
+                if sb.status().has_ended() {
+                    return;
+                }
+                match node.inner.rt.wait_exit(&sb.id).await {
+                    Ok(code) => {
+                        let _g = sb.ops.lock().await;
+                        if sb.status() == Status::Ready {
+                            warn!(sandbox_id = %sb.id, code, "sandbox exited");
+                            node.fail(&sb, &format!("sandbox exited with status {code}"))
+                                .await;
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_not_found() => return,
+                    // containerd restarting: try again shortly.
+                    Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+        });
+    }
+
+    /// Cumulative usage since creation (lifetime usage once destroyed).
+    pub async fn usage(&self, sb: &Sandbox) -> Usage {
+        if let Some(u) = sb.state().final_usage {
+            return u;
+        }
+        let meter = sb.meter.clone();
+        blocking(move || meter.lifetime()).await.unwrap_or_default()
+    }
+
+    /// DestroySandbox: stops the sandbox (cancelling its provisioning), removes everything it
+    /// made in containerd and on the host, and soft-deletes its workspace. Idempotent:
+    /// destroying again returns the same usage.
+    #[instrument(skip_all, fields(sandbox_id = %id))]
+    pub async fn destroy(&self, id: &str) -> Result<(Arc<Sandbox>, Usage)> {
+        let sb = self.get(id)?;
+        sb.cancel.cancel();
+        let _g = sb.ops.lock().await;
+        if let Some(u) = sb.state().final_usage {
+            return Ok((sb.clone(), u));
+        }
+        // Flush the workspace so that every byte written is counted, then take the final
+        // reading while the cgroup still exists.
+        let data = self.paths(&sb.id).data;
+        let _ = blocking(move || crate::metering::disk::flush(&data)).await;
+        let usage = self.usage(&sb).await;
+        self.inner.rt.teardown(&sb.id).await?;
+        self.agent_gone(&sb.id).await;
+        let tomb = record::Tombstone::new(
+            sb.definition(),
+            SystemTime::now(),
+            Duration::from_secs(self.inner.cfg.workspace_grace_secs),
+            usage,
+            sb.state().reason,
+        );
+        let paths = self.paths(&sb.id);
+        let leftovers = self.leftovers(&sb.id);
+        blocking(move || -> std::io::Result<()> {
+            leftovers.remove();
+            // Soft delete: the volume is detached (unmounted, loop device released) and kept.
+            volume::detach(&paths).map_err(std::io::Error::other)?;
+            std::fs::create_dir_all(&paths.base)?;
+            let tmp = paths.tombstone.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&tomb).unwrap_or_default())?;
+            std::fs::rename(&tmp, &paths.tombstone)
+        })
+        .await?
+        .map_err(|e| Error::Internal(format!("write tombstone: {e}")))?;
+        sb.set_destroyed(usage);
+        self.table().end_session(&sb);
+        crate::metrics::METRICS.forget_sandbox(&sb.metric_labels());
+        info!(sandbox_id = %sb.id, cpu_ms = usage.cpu_ms, "sandbox destroyed");
+        Ok((sb.clone(), usage))
+    }
+
+    /// What a torn-down sandbox may leave on the host besides its workspace.
+    pub(super) fn leftovers(&self, id: &str) -> Leftovers {
+        Leftovers {
+            cgroup: self.cgroup(id),
+            exec_dir: self.inner.cfg.run_dir.join("io").join(id),
+        }
+    }
+}
+
+/// The cgroup directories runsc may leave and the exec FIFO directory of a sandbox.
+pub(super) struct Leftovers {
+    cgroup: crate::metering::SandboxCgroup,
+    exec_dir: std::path::PathBuf,
+}
+
+impl Leftovers {
+    /// Removes them (empty cgroup directories only). Blocking.
+    pub(super) fn remove(&self) {
+        for d in self.cgroup.dirs() {
+            let _ = std::fs::remove_dir(d);
+        }
+        let _ = std::fs::remove_dir_all(&self.exec_dir);
+    }
+}

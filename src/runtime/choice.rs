@@ -1,0 +1,137 @@
+//! Which containerd runtime launches sandboxes (gVisor's shim, or the runc v2 shim driving a
+//! runsc wrapper), and what it needs on disk.
+
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use prost_types::Any;
+
+use super::{io_err, spec, Result};
+use crate::config::{Config, RuntimeKind};
+
+/// Options of the runc v2 shim (`containerd.runc.v1.Options`), the fields we set.
+#[derive(Clone, PartialEq, Message)]
+struct RuncOptions {
+    #[prost(string, tag = "6")]
+    binary_name: String,
+    #[prost(string, tag = "7")]
+    root: String,
+}
+
+/// Options of gVisor's shim (`runtimeoptions.v1.Options`).
+#[derive(Clone, PartialEq, Message)]
+struct RunscShimOptions {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(string, tag = "2")]
+    config_path: String,
+}
+
+/// The resolved runtime: which containerd runtime, with which options.
+#[derive(Debug, Clone)]
+pub struct RuntimeChoice {
+    /// `runsc-shim` or `runc-wrapper`.
+    pub kind: RuntimeKind,
+    /// The containerd runtime name.
+    pub name: String,
+    /// The options Any sent with every container.
+    pub options: Any,
+    /// What containerd's shim runs: the runsc wrapper (runc-wrapper) or the shim's config
+    /// file (runsc-shim). `computectl doctor` checks it.
+    pub binary: PathBuf,
+}
+
+fn on_path(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(bin))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Picks the runtime and writes what it needs on disk (the runsc wrapper or the shim's TOML).
+pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
+    let kind = match cfg.runtime {
+        RuntimeKind::Auto => {
+            if on_path("containerd-shim-runsc-v1").is_some() {
+                RuntimeKind::RunscShim
+            } else {
+                RuntimeKind::RuncWrapper
+            }
+        }
+        k => k,
+    };
+    let bin_dir = cfg.state_dir.join("bin");
+    std::fs::create_dir_all(&bin_dir).map_err(io_err("create", &bin_dir))?;
+    let mut flags: Vec<String> = vec!["--network=none".into()];
+    // Writes to the image's root filesystem stay in the sandbox's memory (counted against its
+    // memory limit), not in the snapshot on the host's disk, where nothing would cap them.
+    // The workspace bind mount is not overlaid: it stays shared with the host.
+    if !cfg.runsc_flags.iter().any(|f| f.starts_with("--overlay")) {
+        flags.push("--overlay2=root:memory".into());
+    }
+    if !cfg.runsc_platform.is_empty() {
+        flags.push(format!("--platform={}", cfg.runsc_platform));
+    }
+    flags.extend(cfg.runsc_flags.iter().cloned());
+    match kind {
+        RuntimeKind::RunscShim => {
+            let toml_path = bin_dir.join("runsc.toml");
+            let mut toml = String::from("# Written by computed.\nbinary_name = ");
+            toml.push_str(&format!(
+                "{:?}\n[runsc_config]\n",
+                cfg.runsc_path.display().to_string()
+            ));
+            for f in &flags {
+                let f = f.trim_start_matches("--");
+                let (k, v) = f.split_once('=').unwrap_or((f, "true"));
+                toml.push_str(&format!("  {k} = {v:?}\n"));
+            }
+            write_if_changed(&toml_path, toml.as_bytes(), 0o644)?;
+            let opts = RunscShimOptions {
+                type_url: "io.containerd.runsc.v1.options".into(),
+                config_path: toml_path.display().to_string(),
+            };
+            Ok(RuntimeChoice {
+                kind,
+                name: "io.containerd.runsc.v1".into(),
+                binary: toml_path.clone(),
+                options: Any {
+                    type_url: "runtimeoptions.v1.Options".into(),
+                    value: opts.encode_to_vec(),
+                },
+            })
+        }
+        _ => {
+            let wrapper = bin_dir.join("runsc-compute");
+            let script = spec::wrapper_script(&cfg.runsc_path, &flags);
+            write_if_changed(&wrapper, script.as_bytes(), 0o755)?;
+            let opts = RuncOptions {
+                binary_name: wrapper.display().to_string(),
+                root: cfg.run_dir.join("runsc").display().to_string(),
+            };
+            Ok(RuntimeChoice {
+                kind: RuntimeKind::RuncWrapper,
+                name: "io.containerd.runc.v2".into(),
+                binary: wrapper.clone(),
+                options: Any {
+                    type_url: "containerd.runc.v1.Options".into(),
+                    value: opts.encode_to_vec(),
+                },
+            })
+        }
+    }
+}
+
+fn write_if_changed(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::read(path).ok().as_deref() == Some(data) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data).map_err(io_err("write", &tmp))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .map_err(io_err("chmod", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err("rename", path))?;
+    Ok(())
+}
