@@ -143,74 +143,31 @@ impl Metrics {
             pool_claims: Family::default(),
             serving: Gauge::default(),
         };
+        // Registered in this order, which is the exposition's.
         let mut r = Registry::with_prefix("compute");
-        r.register(
-            "sandbox_cpu_milliseconds",
-            "CPU time of a sandbox",
-            m.cpu_ms.clone(),
-        );
-        r.register(
-            "sandbox_memory_peak_bytes",
-            "Peak memory of a sandbox",
-            m.memory_peak.clone(),
-        );
-        r.register(
-            "sandbox_disk_read_bytes",
-            "Workspace bytes read by a sandbox",
-            m.disk_read.clone(),
-        );
-        r.register(
-            "sandbox_disk_write_bytes",
-            "Workspace bytes written by a sandbox",
-            m.disk_write.clone(),
-        );
-        r.register(
-            "sandbox_network_egress_bytes",
-            "Bytes a sandbox sent",
-            m.net_egress.clone(),
-        );
-        r.register(
-            "sandbox_network_ingress_bytes",
-            "Bytes a sandbox received",
-            m.net_ingress.clone(),
-        );
-        r.register("sandboxes", "Sandboxes by status", m.sandboxes.clone());
-        r.register(
-            "rpc_requests",
-            "ComputeService RPCs by method and code",
-            m.rpcs.clone(),
-        );
-        r.register(
-            "rpc_duration_seconds",
-            "ComputeService RPC latency",
-            m.rpc_seconds.clone(),
-        );
-        r.register("execs", "Execs by outcome", m.execs.clone());
-        r.register(
-            "exec_duration_seconds",
-            "Exec wall time",
-            m.exec_seconds.clone(),
-        );
-        r.register(
-            "containerd_errors",
-            "containerd call errors by operation",
-            m.containerd_errors.clone(),
-        );
-        r.register(
-            "pool_sandboxes",
-            "READY unclaimed warm-pool sandboxes by image",
-            m.pool_sandboxes.clone(),
-        );
-        r.register(
-            "pool_claims",
-            "Creates served from the warm pool (hit) or cold (miss)",
-            m.pool_claims.clone(),
-        );
-        r.register(
-            "serving",
-            "1 while the gRPC health is SERVING (node: containerd answers; router: a node is ready)",
-            m.serving.clone(),
-        );
+        macro_rules! register {
+            ($($field:ident: $name:literal, $help:literal;)*) => {
+                $(r.register($name, $help, m.$field.clone());)*
+            };
+        }
+        register! {
+            cpu_ms: "sandbox_cpu_milliseconds", "CPU time of a sandbox";
+            memory_peak: "sandbox_memory_peak_bytes", "Peak memory of a sandbox";
+            disk_read: "sandbox_disk_read_bytes", "Workspace bytes read by a sandbox";
+            disk_write: "sandbox_disk_write_bytes", "Workspace bytes written by a sandbox";
+            net_egress: "sandbox_network_egress_bytes", "Bytes a sandbox sent";
+            net_ingress: "sandbox_network_ingress_bytes", "Bytes a sandbox received";
+            sandboxes: "sandboxes", "Sandboxes by status";
+            rpcs: "rpc_requests", "ComputeService RPCs by method and code";
+            rpc_seconds: "rpc_duration_seconds", "ComputeService RPC latency";
+            execs: "execs", "Execs by outcome";
+            exec_seconds: "exec_duration_seconds", "Exec wall time";
+            containerd_errors: "containerd_errors", "containerd call errors by operation";
+            pool_sandboxes: "pool_sandboxes", "READY unclaimed warm-pool sandboxes by image";
+            pool_claims: "pool_claims", "Creates served from the warm pool (hit) or cold (miss)";
+            serving: "serving", "1 while the gRPC health is SERVING (node: containerd answers; \
+                router: a node is ready)";
+        }
         m.registry = r;
         m
     }

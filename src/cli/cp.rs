@@ -1,9 +1,9 @@
 //! `computectl cp SRC DST`: copy a file to or from a sandbox's workspace (`ID:PATH` names the
 //! sandbox side), in 16 MiB chunks.
 
-use std::io::{Read, Write};
+use std::io::Read;
 
-use super::{status_error, Target};
+use super::{read_chunks, Answer, Target};
 use crate::api::compute::v1 as pb;
 
 const CHUNK: usize = 16 << 20;
@@ -19,25 +19,21 @@ pub async fn run(t: &Target, src: &str, dst: &str) -> anyhow::Result<()> {
     match (remote(src), remote(dst)) {
         (Some((id, path)), None) => {
             let mut f = std::fs::File::create(dst)?;
-            let mut offset = 0i64;
-            loop {
-                let r = c
-                    .read_file(pb::ReadFileRequest {
-                        sandbox_id: id.into(),
-                        path: path.into(),
-                        offset,
-                        max_bytes: 0,
-                    })
-                    .await
-                    .map_err(|s| status_error(&format!("read {src}"), s))?
-                    .into_inner();
-                f.write_all(&r.data)?;
-                offset += r.data.len() as i64;
-                if r.eof || r.data.is_empty() {
-                    break;
+            let copied = read_chunks(&mut f, |offset| {
+                let mut c = c.clone();
+                let req = pb::ReadFileRequest {
+                    sandbox_id: id.into(),
+                    path: path.into(),
+                    offset,
+                    max_bytes: 0,
+                };
+                async move {
+                    let r = c.read_file(req).await.answer(&format!("read {src}"))?;
+                    Ok((r.data, r.eof))
                 }
-            }
-            eprintln!("copied {offset} bytes from {src} to {dst}");
+            })
+            .await?;
+            eprintln!("copied {copied} bytes from {src} to {dst}");
         }
         (None, Some((id, path))) => {
             let mut f = std::fs::File::open(src)?;
@@ -58,7 +54,7 @@ pub async fn run(t: &Target, src: &str, dst: &str) -> anyhow::Result<()> {
                     mode: 0,
                 })
                 .await
-                .map_err(|s| status_error(&format!("write {dst}"), s))?;
+                .answer(&format!("write {dst}"))?;
                 total += n as u64;
                 first = false;
                 if n < CHUNK {

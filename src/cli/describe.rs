@@ -1,6 +1,6 @@
 //! `computectl describe ID`: one sandbox in detail.
 
-use super::{human_bytes, status_error, Output, Target};
+use super::{human_bytes, print_json, Answer, Output, Target};
 use crate::api::admin::v1 as pb;
 
 /// Runs `describe`.
@@ -10,19 +10,14 @@ pub async fn run(t: &Target, id: &str) -> anyhow::Result<()> {
         .await?
         .list_sandboxes(pb::ListSandboxesRequest::default())
         .await
-        .map_err(|s| status_error("describe", s))?
-        .into_inner()
+        .answer("describe")?
         .sandboxes;
     let s = all
         .into_iter()
         .find(|s| s.sandbox_id == id)
         .ok_or_else(|| anyhow::anyhow!("sandbox {id} not found on this node"))?;
     if t.output == Output::Json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&super::ls::summary_json(&s))?
-        );
-        return Ok(());
+        return print_json(&super::ls::summary_json(&s));
     }
     let u = s.usage.unwrap_or_default();
     let kv = [

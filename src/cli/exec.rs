@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use super::{status_error, Target};
+use super::{status_error, Answer, Target};
 use crate::api::compute::v1 as pb;
 
 /// Options of `exec`.
@@ -53,8 +53,7 @@ pub async fn run(t: &Target, a: ExecArgs) -> anyhow::Result<i32> {
         .await?
         .exec_command(req)
         .await
-        .map_err(|s| status_error(&format!("exec in {}", a.id), s))?
-        .into_inner();
+        .answer(&format!("exec in {}", a.id))?;
     let mut out = std::io::stdout();
     let mut err = std::io::stderr();
     // One listener for the whole exec: a fresh `ctrl_c()` per message would miss a Ctrl-C

@@ -1,6 +1,6 @@
 //! `computectl gc [--dry-run]`: collect expired soft-deleted workspaces now.
 
-use super::{human_bytes, status_error, table, Output, Target};
+use super::{human_bytes, print_json, table, Answer, Output, Target};
 use crate::api::admin::v1 as pb;
 
 /// Runs `gc`.
@@ -10,19 +10,14 @@ pub async fn run(t: &Target, dry_run: bool) -> anyhow::Result<()> {
         .await?
         .gc(pb::GcRequest { dry_run })
         .await
-        .map_err(|s| status_error("gc", s))?
-        .into_inner()
+        .answer("gc")?
         .freed;
     if t.output == Output::Json {
         let v: Vec<_> = freed
             .iter()
             .map(|f| serde_json::json!({"sandbox_id": f.sandbox_id, "tenant_id": f.tenant_id, "delete_after": f.delete_after, "bytes": f.bytes}))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({"dry_run": dry_run, "freed": v}))?
-        );
-        return Ok(());
+        return print_json(&serde_json::json!({"dry_run": dry_run, "freed": v}));
     }
     let rows: Vec<Vec<String>> = freed
         .iter()

@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{human_bytes, status_error, table, Output, Target};
+use super::{human_bytes, print_list, status_error, Answer, Target};
 use crate::api::admin::v1 as pb;
 
 /// Image commands.
@@ -72,27 +72,18 @@ pub async fn run(t: &Target, cmd: ImageCmd) -> anyhow::Result<()> {
             let images = admin
                 .list_images(pb::ListImagesRequest {})
                 .await
-                .map_err(|s| status_error("list images", s))?
-                .into_inner()
+                .answer("list images")?
                 .images;
-            if t.output == Output::Json {
-                let v: Vec<_> = images
-                    .iter()
-                    .map(
-                        |i| serde_json::json!({"name": i.name, "digest": i.digest, "size": i.size}),
-                    )
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = images
-                .iter()
-                .map(|i| {
+            print_list(
+                t,
+                &images,
+                |i| serde_json::json!({"name": i.name, "digest": i.digest, "size": i.size}),
+                &["NAME", "DIGEST", "SIZE"],
+                |i| {
                     let short: String = i.digest.chars().take(19).collect();
                     vec![i.name.clone(), short, human_bytes(i.size.max(0) as u64)]
-                })
-                .collect();
-            table(&["NAME", "DIGEST", "SIZE"], &rows);
+                },
+            )?;
         }
         ImageCmd::Import { file, name } => {
             let path = std::fs::canonicalize(&file)
@@ -104,8 +95,7 @@ pub async fn run(t: &Target, cmd: ImageCmd) -> anyhow::Result<()> {
                     name: name.unwrap_or_default(),
                 })
                 .await
-                .map_err(|s| status_error("import", s))?
-                .into_inner();
+                .answer("import")?;
             for n in follow(s, "import").await? {
                 println!("imported {n}");
             }
@@ -114,8 +104,7 @@ pub async fn run(t: &Target, cmd: ImageCmd) -> anyhow::Result<()> {
             let s = admin
                 .pull_image(pb::PullImageRequest { reference })
                 .await
-                .map_err(|s| status_error("pull", s))?
-                .into_inner();
+                .answer("pull")?;
             for n in follow(s, "pull").await? {
                 println!("pulled {n}");
             }
@@ -127,7 +116,7 @@ pub async fn run(t: &Target, cmd: ImageCmd) -> anyhow::Result<()> {
                     alias: alias.clone(),
                 })
                 .await
-                .map_err(|s| status_error("alias", s))?;
+                .answer("alias")?;
             println!("{alias} -> {existing}");
         }
     }

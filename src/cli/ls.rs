@@ -1,6 +1,6 @@
 //! `computectl ls`: the node's sandboxes.
 
-use super::{age, human_bytes, rfc3339, status_error, table, usage_json, Output, Target};
+use super::{age, human_bytes, print_list, rfc3339, usage_json, Answer, Output, Target};
 use crate::api::admin::v1 as pb;
 
 /// Options of `ls`.
@@ -44,54 +44,40 @@ pub async fn run(t: &Target, a: LsArgs) -> anyhow::Result<()> {
             tenant_id: a.tenant.unwrap_or_default(),
         })
         .await
-        .map_err(|s| status_error("list sandboxes", s))?
-        .into_inner()
+        .answer("list sandboxes")?
         .sandboxes;
-    match t.output {
-        Output::Json => {
-            let v: Vec<_> = list.iter().map(summary_json).collect();
-            println!("{}", serde_json::to_string_pretty(&v)?);
-        }
-        Output::Table | Output::Wide => {
-            let wide = t.output == Output::Wide;
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|s| {
-                    let u = s.usage.unwrap_or_default();
-                    let mut r = vec![
-                        s.sandbox_id.clone(),
-                        s.tenant_id.clone(),
-                        s.session_id.clone(),
-                        if s.pool {
-                            format!("{} (pool)", s.status)
-                        } else {
-                            s.status.clone()
-                        },
-                        age(s.created_at.as_ref()),
-                        format!("{}ms", u.cpu_ms),
-                        human_bytes(u.memory_peak_bytes),
-                        human_bytes(u.disk_read_bytes + u.disk_write_bytes),
-                    ];
-                    if wide {
-                        r.extend([
-                            s.image.clone(),
-                            format!("{}m", s.cpu_millis),
-                            human_bytes(s.memory_bytes),
-                            format!("{}/{}", s.storage_class, s.workspace_size),
-                            s.failure_reason.clone(),
-                        ]);
-                    }
-                    r
-                })
-                .collect();
-            let mut header = vec![
-                "ID", "TENANT", "SESSION", "STATUS", "AGE", "CPU", "MEM", "DISK",
-            ];
-            if wide {
-                header.extend(["IMAGE", "CPU-LIMIT", "MEM-LIMIT", "WORKSPACE", "REASON"]);
-            }
-            table(&header, &rows);
-        }
+    let wide = t.output == Output::Wide;
+    let mut header = vec![
+        "ID", "TENANT", "SESSION", "STATUS", "AGE", "CPU", "MEM", "DISK",
+    ];
+    if wide {
+        header.extend(["IMAGE", "CPU-LIMIT", "MEM-LIMIT", "WORKSPACE", "REASON"]);
     }
-    Ok(())
+    print_list(t, &list, summary_json, &header, |s| {
+        let u = s.usage.unwrap_or_default();
+        let mut r = vec![
+            s.sandbox_id.clone(),
+            s.tenant_id.clone(),
+            s.session_id.clone(),
+            if s.pool {
+                format!("{} (pool)", s.status)
+            } else {
+                s.status.clone()
+            },
+            age(s.created_at.as_ref()),
+            format!("{}ms", u.cpu_ms),
+            human_bytes(u.memory_peak_bytes),
+            human_bytes(u.disk_read_bytes + u.disk_write_bytes),
+        ];
+        if wide {
+            r.extend([
+                s.image.clone(),
+                format!("{}m", s.cpu_millis),
+                human_bytes(s.memory_bytes),
+                format!("{}/{}", s.storage_class, s.workspace_size),
+                s.failure_reason.clone(),
+            ]);
+        }
+        r
+    })
 }

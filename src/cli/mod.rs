@@ -147,6 +147,62 @@ pub fn status_error(what: &str, s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{what}: {} ({:?})", s.message(), s.code())
 }
 
+/// The message of a gRPC call's answer, its error made one clear line ([`status_error`]).
+pub trait Answer<T> {
+    /// The answer's message, or an error saying that `what` failed and why.
+    fn answer(self, what: &str) -> anyhow::Result<T>;
+}
+
+impl<T> Answer<T> for Result<tonic::Response<T>, tonic::Status> {
+    fn answer(self, what: &str) -> anyhow::Result<T> {
+        self.map(tonic::Response::into_inner)
+            .map_err(|s| status_error(what, s))
+    }
+}
+
+/// Prints `v` as pretty JSON.
+pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Prints `items` in `t`'s output format: with `-o json` a JSON array of `json` of each,
+/// otherwise a [`table`] under `header` with a row of `row` for each.
+pub fn print_list<T>(
+    t: &Target,
+    items: &[T],
+    json: impl Fn(&T) -> serde_json::Value,
+    header: &[&str],
+    row: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
+    if t.output == Output::Json {
+        let v: Vec<_> = items.iter().map(json).collect();
+        return print_json(&v);
+    }
+    let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+    table(header, &rows);
+    Ok(())
+}
+
+/// Copies a file read in chunks into `out`: `read(offset)` answers the chunk at `offset` and
+/// whether it is the last, and reading stops after the last or an empty chunk. Returns the
+/// bytes copied.
+pub async fn read_chunks<F, R>(out: &mut impl std::io::Write, mut read: F) -> anyhow::Result<i64>
+where
+    F: FnMut(i64) -> R,
+    R: std::future::Future<Output = anyhow::Result<(Vec<u8>, bool)>>,
+{
+    let mut offset = 0i64;
+    loop {
+        let (data, eof) = read(offset).await?;
+        out.write_all(&data)?;
+        offset += data.len() as i64;
+        if eof || data.is_empty() {
+            return Ok(offset);
+        }
+    }
+}
+
 /// Prints rows as a left-aligned table with a header.
 pub fn table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();

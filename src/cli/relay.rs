@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Read};
 
 use clap::Subcommand;
 
-use super::{status_error, table, Output, Target};
+use super::{print_list, Answer, Output, Target};
 use crate::api::admin::v1 as pb;
 
 /// Relay commands.
@@ -51,8 +51,7 @@ pub async fn run(t: &Target, cmd: RelayCmd) -> anyhow::Result<()> {
                     token,
                 })
                 .await
-                .map_err(|s| status_error(&format!("issue a credential for {sandbox_id}"), s))?
-                .into_inner();
+                .answer(&format!("issue a credential for {sandbox_id}"))?;
             if t.output == Output::Json {
                 println!(
                     "{}",
@@ -84,22 +83,15 @@ pub async fn run(t: &Target, cmd: RelayCmd) -> anyhow::Result<()> {
             let tokens = admin
                 .list_worker_tokens(pb::ListWorkerTokensRequest {})
                 .await
-                .map_err(|s| status_error("list credentials", s))?
-                .into_inner()
+                .answer("list credentials")?
                 .tokens;
-            if t.output == Output::Json {
-                let v: Vec<_> = tokens
-                    .iter()
-                    .map(|e| serde_json::json!({"sandbox_id": e.sandbox_id, "issued_at": e.issued_at}))
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = tokens
-                .iter()
-                .map(|e| vec![e.sandbox_id.clone(), e.issued_at.clone()])
-                .collect();
-            table(&["SANDBOX", "ISSUED"], &rows);
+            print_list(
+                t,
+                &tokens,
+                |e| serde_json::json!({"sandbox_id": e.sandbox_id, "issued_at": e.issued_at}),
+                &["SANDBOX", "ISSUED"],
+                |e| vec![e.sandbox_id.clone(), e.issued_at.clone()],
+            )?;
         }
         RelayCmd::Revoke { sandbox_id } => {
             let r = admin
@@ -107,8 +99,7 @@ pub async fn run(t: &Target, cmd: RelayCmd) -> anyhow::Result<()> {
                     sandbox_id: sandbox_id.clone(),
                 })
                 .await
-                .map_err(|s| status_error(&format!("revoke {sandbox_id}"), s))?
-                .into_inner();
+                .answer(&format!("revoke {sandbox_id}"))?;
             eprintln!(
                 "revoked the credential of {sandbox_id}{}",
                 if r.disconnected {
@@ -122,27 +113,21 @@ pub async fn run(t: &Target, cmd: RelayCmd) -> anyhow::Result<()> {
             let workers = admin
                 .list_workers(pb::ListWorkersRequest {})
                 .await
-                .map_err(|s| status_error("list workers", s))?
-                .into_inner()
+                .answer("list workers")?
                 .workers;
-            if t.output == Output::Json {
-                let v: Vec<_> = workers
-                    .iter()
-                    .map(|w| {
-                        serde_json::json!({
-                            "sandbox_id": w.sandbox_id, "origin": w.origin, "trust": w.trust,
-                            "capacity_max": w.capacity_max, "inflight": w.inflight,
-                            "labels": w.labels, "capabilities": w.capabilities,
-                            "image": w.image, "arch": w.arch, "attached_at": w.attached_at,
-                        })
+            print_list(
+                t,
+                &workers,
+                |w| {
+                    serde_json::json!({
+                        "sandbox_id": w.sandbox_id, "origin": w.origin, "trust": w.trust,
+                        "capacity_max": w.capacity_max, "inflight": w.inflight,
+                        "labels": w.labels, "capabilities": w.capabilities,
+                        "image": w.image, "arch": w.arch, "attached_at": w.attached_at,
                     })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = workers
-                .iter()
-                .map(|w| {
+                },
+                &["SANDBOX", "ORIGIN", "TRUST", "INFLIGHT", "ATTACHED"],
+                |w| {
                     vec![
                         w.sandbox_id.clone(),
                         w.origin.clone(),
@@ -150,12 +135,8 @@ pub async fn run(t: &Target, cmd: RelayCmd) -> anyhow::Result<()> {
                         format!("{}/{}", w.inflight, w.capacity_max),
                         w.attached_at.clone(),
                     ]
-                })
-                .collect();
-            table(
-                &["SANDBOX", "ORIGIN", "TRUST", "INFLIGHT", "ATTACHED"],
-                &rows,
-            );
+                },
+            )?;
         }
     }
     Ok(())

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use super::{human_bytes, status_error, Target};
+use super::{human_bytes, Answer, Target};
 use crate::api::admin::v1 as pb;
 
 /// Options of `top`.
@@ -31,8 +31,7 @@ pub async fn run(t: &Target, a: TopArgs) -> anyhow::Result<()> {
                 tenant_id: String::new(),
             })
             .await
-            .map_err(|s| status_error("list sandboxes", s))?
-            .into_inner()
+            .answer("list sandboxes")?
             .sandboxes;
         let now = Instant::now();
         let mut rows: Vec<(f64, String)> = list

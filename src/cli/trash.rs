@@ -1,10 +1,8 @@
 //! `computectl trash ls|cat`: soft-deleted workspaces, readable until GC deletes them.
 
-use std::io::Write;
-
 use clap::Subcommand;
 
-use super::{status_error, table, usage_json, Output, Target};
+use super::{print_list, read_chunks, usage_json, Answer, Target};
 use crate::api::admin::v1 as pb;
 
 /// Trash commands.
@@ -29,20 +27,14 @@ pub async fn run(t: &Target, cmd: TrashCmd) -> anyhow::Result<()> {
             let entries = admin
                 .list_trash(pb::ListTrashRequest {})
                 .await
-                .map_err(|s| status_error("list trash", s))?
-                .into_inner()
+                .answer("list trash")?
                 .entries;
-            if t.output == Output::Json {
-                let v: Vec<_> = entries
-                    .iter()
-                    .map(|e| serde_json::json!({"sandbox_id": e.sandbox_id, "tenant_id": e.tenant_id, "session_id": e.session_id, "destroyed_at": e.destroyed_at, "delete_after": e.delete_after, "usage": usage_json(e.usage.as_ref())}))
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = entries
-                .iter()
-                .map(|e| {
+            print_list(
+                t,
+                &entries,
+                |e| serde_json::json!({"sandbox_id": e.sandbox_id, "tenant_id": e.tenant_id, "session_id": e.session_id, "destroyed_at": e.destroyed_at, "delete_after": e.delete_after, "usage": usage_json(e.usage.as_ref())}),
+                &["SANDBOX", "TENANT", "SESSION", "DESTROYED", "DELETE AFTER"],
+                |e| {
                     vec![
                         e.sandbox_id.clone(),
                         e.tenant_id.clone(),
@@ -50,33 +42,26 @@ pub async fn run(t: &Target, cmd: TrashCmd) -> anyhow::Result<()> {
                         e.destroyed_at.clone(),
                         e.delete_after.clone(),
                     ]
-                })
-                .collect();
-            table(
-                &["SANDBOX", "TENANT", "SESSION", "DESTROYED", "DELETE AFTER"],
-                &rows,
-            );
+                },
+            )?;
         }
         TrashCmd::Cat { id, path } => {
-            let mut offset = 0i64;
             let mut out = std::io::stdout().lock();
-            loop {
-                let r = admin
-                    .read_trash(pb::ReadTrashRequest {
-                        sandbox_id: id.clone(),
-                        path: path.clone(),
-                        offset,
-                        max_bytes: 0,
-                    })
-                    .await
-                    .map_err(|s| status_error(&format!("read {id}:{path}"), s))?
-                    .into_inner();
-                out.write_all(&r.data)?;
-                offset += r.data.len() as i64;
-                if r.eof || r.data.is_empty() {
-                    break;
+            read_chunks(&mut out, |offset| {
+                let mut admin = admin.clone();
+                let req = pb::ReadTrashRequest {
+                    sandbox_id: id.clone(),
+                    path: path.clone(),
+                    offset,
+                    max_bytes: 0,
+                };
+                let what = format!("read {id}:{path}");
+                async move {
+                    let r = admin.read_trash(req).await.answer(&what)?;
+                    Ok((r.data, r.eof))
                 }
-            }
+            })
+            .await?;
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
-//! ComputeService on the router: every call forwarded to the owning node, and the router's own
-//! health and reflection.
+//! ComputeService on the router: every call forwarded to the owning node (the unary ones
+//! written out by one macro, `forward!`), and the router's own health and reflection; the
+//! sandbox.v1 relay is forwarded by [`RelayForwarder`].
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 use tracing::info;
 
+pub use super::relay::RelayForwarder;
 use super::{Error, NodeEndpoint, Router};
 use crate::api::compute::v1 as pb;
 use crate::api::compute::v1::compute_service_server::{ComputeService, ComputeServiceServer};
@@ -44,40 +46,52 @@ impl Forwarder {
 
 type ExecStream = Pin<Box<dyn Stream<Item = Result<pb::ExecEvent, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl ComputeService for Forwarder {
+/// Implements ComputeService for [`Forwarder`]. Each call in `unary` goes, as it is, to the
+/// node owning its `sandbox_id`, and the node's answer comes back through [`Forwarder::pass`],
+/// recorded under the RPC name given; the items after it are written out as they are.
+macro_rules! forward {
+    (
+        unary {
+            $($call:ident($req:ty) -> $resp:ty as $rpc:literal;)*
+        }
+        $($rest:tt)*
+    ) => {
+        #[tonic::async_trait]
+        impl ComputeService for Forwarder {
+            $(
+                async fn $call(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
+                    observe($rpc, async move {
+                        let req = req.into_inner();
+                        let n = self.r.owner(&req.sandbox_id).await?;
+                        let r = self.r.client(&n)?.$call(req).await;
+                        self.pass(&n, r)
+                    })
+                    .await
+                }
+            )*
+
+            $($rest)*
+        }
+    };
+}
+
+forward! {
+    unary {
+        destroy_sandbox(pb::DestroySandboxRequest) -> pb::DestroySandboxResponse
+            as "DestroySandbox";
+        describe_sandbox(pb::DescribeSandboxRequest) -> pb::DescribeSandboxResponse
+            as "DescribeSandbox";
+        read_file(pb::ReadFileRequest) -> pb::ReadFileResponse as "ReadFile";
+        write_file(pb::WriteFileRequest) -> pb::WriteFileResponse as "WriteFile";
+        list_files(pb::ListFilesRequest) -> pb::ListFilesResponse as "ListFiles";
+    }
+
     async fn create_sandbox(
         &self,
         req: Request<pb::CreateSandboxRequest>,
     ) -> Result<Response<pb::CreateSandboxResponse>, Status> {
         observe("CreateSandbox", async move {
             Ok(Response::new(self.r.create(req.into_inner()).await?))
-        })
-        .await
-    }
-
-    async fn destroy_sandbox(
-        &self,
-        req: Request<pb::DestroySandboxRequest>,
-    ) -> Result<Response<pb::DestroySandboxResponse>, Status> {
-        observe("DestroySandbox", async move {
-            let req = req.into_inner();
-            let n = self.r.owner(&req.sandbox_id).await?;
-            let r = self.r.client(&n)?.destroy_sandbox(req).await;
-            self.pass(&n, r)
-        })
-        .await
-    }
-
-    async fn describe_sandbox(
-        &self,
-        req: Request<pb::DescribeSandboxRequest>,
-    ) -> Result<Response<pb::DescribeSandboxResponse>, Status> {
-        observe("DescribeSandbox", async move {
-            let req = req.into_inner();
-            let n = self.r.owner(&req.sandbox_id).await?;
-            let r = self.r.client(&n)?.describe_sandbox(req).await;
-            self.pass(&n, r)
         })
         .await
     }
@@ -97,45 +111,6 @@ impl ComputeService for Forwarder {
             let upstream = self.pass(&n, r)?.into_inner();
             let stream: ExecStream = Box::pin(upstream);
             Ok(Response::new(stream))
-        })
-        .await
-    }
-
-    async fn read_file(
-        &self,
-        req: Request<pb::ReadFileRequest>,
-    ) -> Result<Response<pb::ReadFileResponse>, Status> {
-        observe("ReadFile", async move {
-            let req = req.into_inner();
-            let n = self.r.owner(&req.sandbox_id).await?;
-            let r = self.r.client(&n)?.read_file(req).await;
-            self.pass(&n, r)
-        })
-        .await
-    }
-
-    async fn write_file(
-        &self,
-        req: Request<pb::WriteFileRequest>,
-    ) -> Result<Response<pb::WriteFileResponse>, Status> {
-        observe("WriteFile", async move {
-            let req = req.into_inner();
-            let n = self.r.owner(&req.sandbox_id).await?;
-            let r = self.r.client(&n)?.write_file(req).await;
-            self.pass(&n, r)
-        })
-        .await
-    }
-
-    async fn list_files(
-        &self,
-        req: Request<pb::ListFilesRequest>,
-    ) -> Result<Response<pb::ListFilesResponse>, Status> {
-        observe("ListFiles", async move {
-            let req = req.into_inner();
-            let n = self.r.owner(&req.sandbox_id).await?;
-            let r = self.r.client(&n)?.list_files(req).await;
-            self.pass(&n, r)
         })
         .await
     }
@@ -213,146 +188,4 @@ pub async fn serve(
         .serve_with_incoming_shutdown(crate::server::tcp_incoming(l), shutdown)
         .await?;
     Ok(())
-}
-
-/// The sandbox.v1 relay through the router: every call goes to the node that hosts the
-/// sandbox's worker ([`Router::relay_node`]); a worker's Attach stream is proxied both ways.
-#[derive(Clone)]
-pub struct RelayForwarder {
-    r: Router,
-}
-
-impl RelayForwarder {
-    /// Forwards through `r`.
-    pub fn new(r: Router) -> Self {
-        Self { r }
-    }
-}
-
-type FrameStream =
-    Pin<Box<dyn Stream<Item = Result<crate::api::sandbox::v1::ServerFrame, Status>> + Send>>;
-type RelayEventStream =
-    Pin<Box<dyn Stream<Item = Result<crate::api::sandbox::v1::ExecEvent, Status>> + Send>>;
-
-/// A request to a node carrying the caller's `authorization` metadata (the worker's
-/// credential, which only the node checks; never logged here).
-fn with_authorization<T>(from: &tonic::metadata::MetadataMap, msg: T) -> Request<T> {
-    let mut r = Request::new(msg);
-    if let Some(v) = from.get("authorization") {
-        r.metadata_mut().insert("authorization", v.clone());
-    }
-    r
-}
-
-#[tonic::async_trait]
-impl crate::api::sandbox::v1::sandbox_worker_server::SandboxWorker for RelayForwarder {
-    type AttachStream = FrameStream;
-
-    async fn attach(
-        &self,
-        req: Request<tonic::Streaming<crate::api::sandbox::v1::WorkerFrame>>,
-    ) -> Result<Response<Self::AttachStream>, Status> {
-        use crate::api::sandbox::v1 as sb;
-        let metadata = req.metadata().clone();
-        let mut frames = req.into_inner();
-        // The Hello names the sandbox, and so the node.
-        let first = frames
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("the first frame must be Hello"))?;
-        let id = match &first.msg {
-            Some(sb::worker_frame::Msg::Hello(h)) if !h.sandbox_id.is_empty() => {
-                h.sandbox_id.clone()
-            }
-            _ => return Err(Status::invalid_argument("the first frame must be Hello")),
-        };
-        let n = self.r.relay_node(&id).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let _ = tx.send(first).await;
-        tokio::spawn(async move {
-            while let Ok(Some(m)) = frames.message().await {
-                if tx.send(m).await.is_err() {
-                    return;
-                }
-            }
-        });
-        let upstream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let down = self
-            .worker_client(&n)?
-            .attach(with_authorization(&metadata, upstream))
-            .await?
-            .into_inner();
-        Ok(Response::new(Box::pin(down)))
-    }
-}
-
-impl RelayForwarder {
-    fn worker_client(
-        &self,
-        n: &NodeEndpoint,
-    ) -> Result<
-        crate::api::sandbox::v1::sandbox_worker_client::SandboxWorkerClient<
-            tonic::transport::Channel,
-        >,
-        Status,
-    > {
-        Ok(
-            crate::api::sandbox::v1::sandbox_worker_client::SandboxWorkerClient::new(
-                self.r.node_channel(n)?,
-            )
-            .max_decoding_message_size(crate::server::MAX_MESSAGE)
-            .max_encoding_message_size(crate::server::MAX_MESSAGE),
-        )
-    }
-
-    fn exec_client(
-        &self,
-        n: &NodeEndpoint,
-    ) -> Result<
-        crate::api::sandbox::v1::sandbox_exec_client::SandboxExecClient<tonic::transport::Channel>,
-        Status,
-    > {
-        Ok(
-            crate::api::sandbox::v1::sandbox_exec_client::SandboxExecClient::new(
-                self.r.node_channel(n)?,
-            )
-            .max_decoding_message_size(crate::server::MAX_MESSAGE)
-            .max_encoding_message_size(crate::server::MAX_MESSAGE),
-        )
-    }
-}
-
-#[tonic::async_trait]
-impl crate::api::sandbox::v1::sandbox_exec_server::SandboxExec for RelayForwarder {
-    type ExecStream = RelayEventStream;
-
-    async fn exec(
-        &self,
-        req: Request<crate::api::sandbox::v1::ExecRequest>,
-    ) -> Result<Response<Self::ExecStream>, Status> {
-        let metadata = req.metadata().clone();
-        let req = req.into_inner();
-        let n = self.r.relay_node(&req.sandbox_id).await?;
-        let s = self
-            .exec_client(&n)?
-            .exec(with_authorization(&metadata, req))
-            .await?
-            .into_inner();
-        Ok(Response::new(Box::pin(s)))
-    }
-
-    async fn abort(
-        &self,
-        req: Request<crate::api::sandbox::v1::AbortRequest>,
-    ) -> Result<Response<crate::api::sandbox::v1::AbortResponse>, Status> {
-        let metadata = req.metadata().clone();
-        let req = req.into_inner();
-        let n = self.r.relay_node(&req.sandbox_id).await?;
-        Ok(Response::new(
-            self.exec_client(&n)?
-                .abort(with_authorization(&metadata, req))
-                .await?
-                .into_inner(),
-        ))
-    }
 }
