@@ -34,6 +34,10 @@ pub enum Error {
     Serve(#[from] tonic::transport::Error),
 }
 
+/// ComputeService's name as gRPC health reports it.
+const COMPUTE_SERVICE: &str =
+    <ComputeServiceServer<ComputeApi> as tonic::server::NamedService>::NAME;
+
 /// Largest gRPC message accepted or sent: a 16 MiB WriteFile plus framing.
 pub const MAX_MESSAGE: usize = 17 << 20;
 
@@ -83,21 +87,14 @@ pub async fn serve(
                 // The HTTP probes (`/readyz` on the metrics listener) answer the same.
                 crate::metrics::METRICS.set_serving(ok);
                 if last != Some(ok) {
-                    if ok {
-                        reporter
-                            .set_serving::<ComputeServiceServer<ComputeApi>>()
-                            .await;
-                        reporter
-                            .set_service_status("", tonic_health::ServingStatus::Serving)
-                            .await;
-                    } else {
+                    use tonic_health::ServingStatus::{NotServing, Serving};
+                    if !ok {
                         warn!("containerd is not answering: health NOT_SERVING");
-                        reporter
-                            .set_not_serving::<ComputeServiceServer<ComputeApi>>()
-                            .await;
-                        reporter
-                            .set_service_status("", tonic_health::ServingStatus::NotServing)
-                            .await;
+                    }
+                    let status = if ok { Serving } else { NotServing };
+                    // The server as a whole ("") and ComputeService by name.
+                    for name in ["", COMPUTE_SERVICE] {
+                        reporter.set_service_status(name, status).await;
                     }
                     last = Some(ok);
                 }

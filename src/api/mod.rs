@@ -6,49 +6,33 @@ pub mod convert;
 pub mod services;
 pub mod status;
 
-/// `common.v1`: shared message types.
-#[allow(missing_docs, clippy::large_enum_variant)]
-pub mod common {
-    /// Version 1.
-    pub mod v1 {
-        tonic::include_proto!("common.v1");
-    }
+/// A generated proto package `$pkg.v1` as module `$pkg::v1`.
+macro_rules! package {
+    ($(#[doc = $doc:literal] $pkg:ident = $name:literal;)*) => {
+        $(
+            #[doc = $doc]
+            #[allow(missing_docs, clippy::large_enum_variant)]
+            pub mod $pkg {
+                /// Version 1.
+                pub mod v1 {
+                    tonic::include_proto!($name);
+                }
+            }
+        )*
+    };
 }
 
-/// `compute.v1`: the ComputeService.
-#[allow(missing_docs, clippy::large_enum_variant)]
-pub mod compute {
-    /// Version 1.
-    pub mod v1 {
-        tonic::include_proto!("compute.v1");
-    }
-}
-
-/// `admin.v1`: the operator's view of a node.
-#[allow(missing_docs, clippy::large_enum_variant)]
-pub mod admin {
-    /// Version 1.
-    pub mod v1 {
-        tonic::include_proto!("admin.v1");
-    }
-}
-
-/// `sandbox.v1`: the relay between harnesses and workers.
-#[allow(missing_docs, clippy::large_enum_variant)]
-pub mod sandbox {
-    /// Version 1.
-    pub mod v1 {
-        tonic::include_proto!("sandbox.v1");
-    }
-}
-
-/// `node.v1`: what a node tells the router.
-#[allow(missing_docs, clippy::large_enum_variant)]
-pub mod node {
-    /// Version 1.
-    pub mod v1 {
-        tonic::include_proto!("node.v1");
-    }
+package! {
+    /// `common.v1`: shared message types.
+    common = "common.v1";
+    /// `compute.v1`: the ComputeService.
+    compute = "compute.v1";
+    /// `admin.v1`: the operator's view of a node.
+    admin = "admin.v1";
+    /// `sandbox.v1`: the relay between harnesses and workers.
+    sandbox = "sandbox.v1";
+    /// `node.v1`: what a node tells the router.
+    node = "node.v1";
 }
 
 /// The encoded file descriptor set of every proto this crate serves, for server reflection.

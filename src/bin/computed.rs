@@ -335,22 +335,25 @@ async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> 
             ..Settings::default()
         },
     );
-    let health = router.spawn_health_loop();
-    let metrics = (!args.metrics_listen.is_empty()).then(|| {
+    router.spawn_health_loop();
+    if !args.metrics_listen.is_empty() {
         let addr = args.metrics_listen.clone();
-        tokio::spawn(async move {
+        router.tasks().spawn(async move {
             if let Err(e) = computed::metrics::serve(addr).await {
                 tracing::error!(error = %e, "metrics server failed");
             }
-        })
-    });
+        });
+    }
+    let tasks = router.tasks().clone();
     service::serve(router, &args.listen, setup.listener_tls, shutdown_signal()).await?;
-    health.abort();
     if let Some(t) = watch_task {
         t.abort();
     }
-    if let Some(m) = metrics {
-        m.abort();
+    if !tasks.shutdown(std::time::Duration::from_secs(5)).await {
+        tracing::warn!(
+            tasks = tasks.len(),
+            "some router tasks did not stop in time"
+        );
     }
     Ok(())
 }

@@ -397,24 +397,34 @@ mod tests {
             memory_limit: 300 << 20,
             pids_limit: 64,
         };
-        let tree = FakeTree::new(CgroupVersion::V1);
-        let cg = tree.add("/compute/a");
-        cg.set_limits(&l).unwrap();
-        assert_eq!(cg.limits().unwrap(), l);
-        let rd = |p: &str| std::fs::read_to_string(tree.root().join(p)).unwrap();
-        assert_eq!(rd("cpu/compute/a/cpu.cfs_period_us"), "100000");
-        assert_eq!(
-            rd("memory/compute/a/memory.limit_in_bytes"),
-            (300u64 << 20).to_string()
-        );
-
+        // (version, a file the limits go to, what it holds)
+        let cases = [
+            (
+                CgroupVersion::V1,
+                "cpu/compute/a/cpu.cfs_period_us",
+                "100000".to_string(),
+            ),
+            (
+                CgroupVersion::V1,
+                "memory/compute/a/memory.limit_in_bytes",
+                (300u64 << 20).to_string(),
+            ),
+            (
+                CgroupVersion::V2,
+                "compute/a/cpu.max",
+                "25000 100000".to_string(),
+            ),
+            (CgroupVersion::V2, "compute/a/pids.max", "64".to_string()),
+        ];
+        for (version, file, want) in cases {
+            let tree = FakeTree::new(version);
+            let cg = tree.add("/compute/a");
+            cg.set_limits(&l).unwrap();
+            assert_eq!(cg.limits().unwrap(), l, "{version:?}");
+            let got = std::fs::read_to_string(tree.root().join(file)).unwrap();
+            assert_eq!(got, want, "{file}");
+        }
         let tree = FakeTree::new(CgroupVersion::V2);
-        let cg = tree.add("compute/a");
-        cg.set_limits(&l).unwrap();
-        assert_eq!(cg.limits().unwrap(), l);
-        let rd = |p: &str| std::fs::read_to_string(tree.root().join(p)).unwrap();
-        assert_eq!(rd("compute/a/cpu.max"), "25000 100000");
-
         // A missing cgroup (the sandbox is gone) is an error, not a silent no-op.
         let cg = SandboxCgroup::new(tree.root(), CgroupVersion::V2, "compute/none");
         assert!(cg.set_limits(&l).is_err());

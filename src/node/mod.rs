@@ -22,6 +22,7 @@ mod capacity;
 pub mod create;
 mod error;
 pub mod exec;
+mod files;
 pub mod gc;
 mod helpers;
 pub mod info;

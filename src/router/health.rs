@@ -105,7 +105,7 @@ impl Router {
     /// Polls every node every `poll_interval`, and at once when the node set changes.
     pub fn spawn_health_loop(&self) -> tokio::task::JoinHandle<()> {
         let r = self.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let mut changes = r.inner.nodes.clone();
             loop {
                 r.poll().await;

@@ -123,6 +123,8 @@ struct Inner {
     health: Mutex<HashMap<String, Health>>,
     /// Sandbox id → the name of the node that owns it ([`owners`]).
     owners: Mutex<HashMap<String, String>>,
+    /// Every background task of the router (health loop, stream forwarders).
+    tasks: crate::tasks::Tasks,
 }
 
 /// The router. Cheap to clone.
@@ -146,8 +148,14 @@ impl Router {
                 channels: Mutex::new(HashMap::new()),
                 health: Mutex::new(HashMap::new()),
                 owners: Mutex::new(HashMap::new()),
+                tasks: crate::tasks::Tasks::new(),
             }),
         }
+    }
+
+    /// The router's background tasks ([`crate::tasks::Tasks::shutdown`] stops them).
+    pub fn tasks(&self) -> &crate::tasks::Tasks {
+        &self.inner.tasks
     }
 
     /// The node set now.

@@ -85,7 +85,7 @@ impl sb::sandbox_worker_server::SandboxWorker for RelayForwarder {
         let n = self.r.relay_node(&id).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let _ = tx.send(first).await;
-        tokio::spawn(async move {
+        self.r.tasks().spawn(async move {
             while let Ok(Some(m)) = frames.message().await {
                 if tx.send(m).await.is_err() {
                     return;

@@ -128,8 +128,9 @@ pub async fn serve(
 ) -> Result<(), crate::server::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
     {
-        let r = r.clone();
-        tokio::spawn(async move {
+        let r2 = r.clone();
+        r.tasks().spawn(async move {
+            let r = r2;
             let mut last = None;
             loop {
                 let ok = !r.ready_nodes().is_empty();

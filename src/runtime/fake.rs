@@ -10,8 +10,8 @@ use prost_types::Any;
 use tokio::sync::watch;
 
 use super::{
-    containerd, ImageInfo, Progress, Record, ResolvedImage, Result, RuntimeChoice, SandboxLaunch,
-    SandboxRuntime, TaskState,
+    containerd, ExecLaunch, ImageInfo, Progress, Record, ResolvedImage, Result, RuntimeChoice,
+    SandboxLaunch, SandboxRuntime, TaskState,
 };
 use crate::config::RuntimeKind;
 
@@ -321,7 +321,7 @@ impl SandboxRuntime for FakeRuntime {
         Ok(())
     }
 
-    async fn exec_start(&self, id: &str, _: &str, _: Vec<u8>, _: &Path, _: &Path) -> Result<()> {
+    async fn exec_start(&self, id: &str, _: ExecLaunch<'_>) -> Result<()> {
         Err(Self::not_found(id))
     }
 

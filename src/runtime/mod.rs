@@ -92,6 +92,18 @@ pub struct SandboxLaunch<'a> {
     pub image: &'a str,
 }
 
+/// One exec process to add to a sandbox.
+pub struct ExecLaunch<'a> {
+    /// Its id within the sandbox.
+    pub exec_id: &'a str,
+    /// The OCI `Process` JSON.
+    pub process: Vec<u8>,
+    /// The stdout FIFO (an empty path: none).
+    pub stdout: &'a Path,
+    /// The stderr FIFO (an empty path: none).
+    pub stderr: &'a Path,
+}
+
 /// One sandbox record the runtime holds: its id and labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -158,16 +170,9 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// Stops the task and deletes it, the record and the rootfs; tolerates what is gone.
     async fn teardown(&self, id: &str) -> Result<()>;
 
-    /// Adds an exec process (an OCI `Process` JSON) with stdout/stderr FIFOs and starts it.
-    /// A process whose start fails is deleted again.
-    async fn exec_start(
-        &self,
-        id: &str,
-        exec_id: &str,
-        process: Vec<u8>,
-        stdout: &Path,
-        stderr: &Path,
-    ) -> Result<()>;
+    /// Adds an exec process to sandbox `id` and starts it. A process whose start fails is
+    /// deleted again.
+    async fn exec_start(&self, id: &str, exec: ExecLaunch<'_>) -> Result<()>;
 
     /// Waits for an exec process to exit and returns its status.
     async fn exec_wait(&self, id: &str, exec_id: &str) -> Result<u32>;
@@ -361,19 +366,15 @@ impl SandboxRuntime for Runtime {
         Ok(())
     }
 
-    async fn exec_start(
-        &self,
-        id: &str,
-        exec_id: &str,
-        process: Vec<u8>,
-        stdout: &Path,
-        stderr: &Path,
-    ) -> Result<()> {
-        let (out, err) = (stdout.display().to_string(), stderr.display().to_string());
-        self.ctr.exec(id, exec_id, process, &out, &err).await?;
-        if let Err(e) = self.ctr.start(id, exec_id).await {
-            let _ = self.ctr.delete_process(id, exec_id).await;
-            return Err(e.into());
+    async fn exec_start(&self, id: &str, e: ExecLaunch<'_>) -> Result<()> {
+        let (out, err) = (
+            e.stdout.display().to_string(),
+            e.stderr.display().to_string(),
+        );
+        self.ctr.exec(id, e.exec_id, e.process, &out, &err).await?;
+        if let Err(err) = self.ctr.start(id, e.exec_id).await {
+            let _ = self.ctr.delete_process(id, e.exec_id).await;
+            return Err(err.into());
         }
         Ok(())
     }

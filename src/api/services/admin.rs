@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::Stream;
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 use tracing::{info, instrument};
 
 use crate::api::admin::v1 as pb;
@@ -44,10 +44,8 @@ impl AdminService {
 
 type ProgressStream = Pin<Box<dyn Stream<Item = Result<pb::ImageProgress, Status>> + Send>>;
 
-fn progress_stream(
-    rx: mpsc::Receiver<Result<pb::ImageProgress, Status>>,
-) -> Response<ProgressStream> {
-    Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+fn progress_stream(rx: mpsc::Receiver<Result<pb::ImageProgress, Status>>) -> ProgressStream {
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 fn reporter(
@@ -64,13 +62,11 @@ fn reporter(
     }
 }
 
-#[tonic::async_trait]
-impl NodeAdmin for AdminService {
+impl AdminService {
     async fn list_sandboxes(
         &self,
-        req: Request<pb::ListSandboxesRequest>,
-    ) -> Result<Response<pb::ListSandboxesResponse>, Status> {
-        let req = req.into_inner();
+        req: pb::ListSandboxesRequest,
+    ) -> Result<pb::ListSandboxesResponse, Error> {
         let mut out = Vec::new();
         for sb in self.node.list() {
             let st = sb.state();
@@ -100,13 +96,10 @@ impl NodeAdmin for AdminService {
                 pool: sb.pool,
             });
         }
-        Ok(Response::new(pb::ListSandboxesResponse { sandboxes: out }))
+        Ok(pb::ListSandboxesResponse { sandboxes: out })
     }
 
-    async fn get_node(
-        &self,
-        _req: Request<pb::GetNodeRequest>,
-    ) -> Result<Response<pb::GetNodeResponse>, Status> {
+    async fn get_node(&self, _req: pb::GetNodeRequest) -> Result<pb::GetNodeResponse, Error> {
         let cfg = self.node.config();
         let rt = self.node.runtime();
         let containerd_version = rt.version().await.unwrap_or_default();
@@ -124,7 +117,7 @@ impl NodeAdmin for AdminService {
         } else {
             String::new()
         };
-        Ok(Response::new(pb::GetNodeResponse {
+        Ok(pb::GetNodeResponse {
             containerd_address: cfg.containerd_socket.display().to_string(),
             namespace: cfg.namespace.clone(),
             runtime_name: rt.choice().name.clone(),
@@ -150,16 +143,13 @@ impl NodeAdmin for AdminService {
             state_dir: cfg.state_dir.display().to_string(),
             state_dir_free_bytes: free,
             runtime_kind: format!("{:?}", rt.choice().kind),
-        }))
+        })
     }
 
-    async fn list_trash(
-        &self,
-        _req: Request<pb::ListTrashRequest>,
-    ) -> Result<Response<pb::ListTrashResponse>, Status> {
+    async fn list_trash(&self, _req: pb::ListTrashRequest) -> Result<pb::ListTrashResponse, Error> {
         let dir = self.node.config().state_dir.clone();
         let tombs = blocking(move || gc::tombstones(&dir)).await?;
-        Ok(Response::new(pb::ListTrashResponse {
+        Ok(pb::ListTrashResponse {
             entries: tombs
                 .into_iter()
                 .map(|t| pb::TrashEntry {
@@ -171,14 +161,10 @@ impl NodeAdmin for AdminService {
                     usage: Some(t.usage.into()),
                 })
                 .collect(),
-        }))
+        })
     }
 
-    async fn read_trash(
-        &self,
-        req: Request<pb::ReadTrashRequest>,
-    ) -> Result<Response<pb::ReadTrashResponse>, Status> {
-        let req = req.into_inner();
+    async fn read_trash(&self, req: pb::ReadTrashRequest) -> Result<pb::ReadTrashResponse, Error> {
         let id = parse_id(&req.sandbox_id)?;
         let dir = self.node.config().state_dir.clone();
         let r = blocking(move || -> Result<workspace::ReadResult, Error> {
@@ -200,16 +186,16 @@ impl NodeAdmin for AdminService {
             Ok(res?)
         })
         .await??;
-        Ok(Response::new(pb::ReadTrashResponse {
+        Ok(pb::ReadTrashResponse {
             data: r.data,
             total_size: r.total_size as i64,
             eof: r.eof,
-        }))
+        })
     }
 
-    async fn gc(&self, req: Request<pb::GcRequest>) -> Result<Response<pb::GcResponse>, Status> {
-        let freed = self.node.gc(req.into_inner().dry_run).await?;
-        Ok(Response::new(pb::GcResponse {
+    async fn gc(&self, req: pb::GcRequest) -> Result<pb::GcResponse, Error> {
+        let freed = self.node.gc(req.dry_run).await?;
+        Ok(pb::GcResponse {
             freed: freed
                 .into_iter()
                 .map(|f| pb::Freed {
@@ -219,20 +205,15 @@ impl NodeAdmin for AdminService {
                     bytes: f.bytes,
                 })
                 .collect(),
-        }))
+        })
     }
 
     async fn list_images(
         &self,
-        _req: Request<pb::ListImagesRequest>,
-    ) -> Result<Response<pb::ListImagesResponse>, Status> {
-        let images = self
-            .node
-            .runtime()
-            .list_images()
-            .await
-            .map_err(Error::from)?;
-        Ok(Response::new(pb::ListImagesResponse {
+        _req: pb::ListImagesRequest,
+    ) -> Result<pb::ListImagesResponse, Error> {
+        let images = self.node.runtime().list_images().await?;
+        Ok(pb::ListImagesResponse {
             images: images
                 .into_iter()
                 .map(|i| pb::ImageInfo {
@@ -241,18 +222,12 @@ impl NodeAdmin for AdminService {
                     size: i.size,
                 })
                 .collect(),
-        }))
+        })
     }
 
-    type ImportImageStream = ProgressStream;
-
-    async fn import_image(
-        &self,
-        req: Request<pb::ImportImageRequest>,
-    ) -> Result<Response<Self::ImportImageStream>, Status> {
-        let req = req.into_inner();
+    async fn import_image(&self, req: pb::ImportImageRequest) -> Result<ProgressStream, Error> {
         if req.path.is_empty() {
-            return Err(Error::InvalidArgument("path is required".into()).into());
+            return Err(Error::InvalidArgument("path is required".into()));
         }
         let (tx, rx) = mpsc::channel(64);
         let node = self.node.clone();
@@ -275,15 +250,10 @@ impl NodeAdmin for AdminService {
         Ok(progress_stream(rx))
     }
 
-    type PullImageStream = ProgressStream;
-
-    async fn pull_image(
-        &self,
-        req: Request<pb::PullImageRequest>,
-    ) -> Result<Response<Self::PullImageStream>, Status> {
-        let reference = req.into_inner().reference;
+    async fn pull_image(&self, req: pb::PullImageRequest) -> Result<ProgressStream, Error> {
+        let reference = req.reference;
         if reference.is_empty() {
-            return Err(Error::InvalidArgument("reference is required".into()).into());
+            return Err(Error::InvalidArgument("reference is required".into()));
         }
         let (tx, rx) = mpsc::channel(64);
         let node = self.node.clone();
@@ -306,33 +276,32 @@ impl NodeAdmin for AdminService {
 
     async fn alias_image(
         &self,
-        req: Request<pb::AliasImageRequest>,
-    ) -> Result<Response<pb::AliasImageResponse>, Status> {
-        let req = req.into_inner();
+        req: pb::AliasImageRequest,
+    ) -> Result<pb::AliasImageResponse, Error> {
         if req.existing.is_empty() || req.alias.is_empty() {
-            return Err(Error::InvalidArgument("existing and alias are required".into()).into());
+            return Err(Error::InvalidArgument(
+                "existing and alias are required".into(),
+            ));
         }
         self.node
             .runtime()
             .alias_image(&req.existing, &req.alias)
             .await
             .map_err(Error::from)?;
-        Ok(Response::new(pb::AliasImageResponse {}))
+        Ok(pb::AliasImageResponse {})
     }
 
-    #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
+    #[instrument(skip_all, fields(sandbox_id = %req.sandbox_id))]
     async fn issue_worker_token(
         &self,
-        req: Request<pb::IssueWorkerTokenRequest>,
-    ) -> Result<Response<pb::IssueWorkerTokenResponse>, Status> {
-        let req = req.into_inner();
+        req: pb::IssueWorkerTokenRequest,
+    ) -> Result<pb::IssueWorkerTokenResponse, Error> {
         let relay = self.node.relay().clone();
         if relay.is_hosted(&req.sandbox_id) {
             return Err(Error::FailedPrecondition {
                 id: req.sandbox_id,
                 state: "a compute sandbox: its only worker is its in-sandbox agent".into(),
-            }
-            .into());
+            });
         }
         let id = req.sandbox_id;
         let given = (!req.token.is_empty()).then_some(req.token);
@@ -340,21 +309,19 @@ impl NodeAdmin for AdminService {
             .await?
             .map_err(Error::from)?;
         info!(replaced, "worker credential issued");
-        Ok(Response::new(pb::IssueWorkerTokenResponse {
+        Ok(pb::IssueWorkerTokenResponse {
             token: token.unwrap_or_default(),
             replaced,
-        }))
+        })
     }
 
     async fn list_worker_tokens(
         &self,
-        _req: Request<pb::ListWorkerTokensRequest>,
-    ) -> Result<Response<pb::ListWorkerTokensResponse>, Status> {
+        _req: pb::ListWorkerTokensRequest,
+    ) -> Result<pb::ListWorkerTokensResponse, Error> {
         // Ids and dates only: neither tokens (never kept) nor their digests leave the node.
-        let tokens = self
-            .node
-            .relay()
-            .credentials()
+        let creds = self.node.relay().credentials();
+        let tokens = creds
             .list()
             .into_iter()
             .map(|e| pb::WorkerToken {
@@ -362,15 +329,15 @@ impl NodeAdmin for AdminService {
                 issued_at: e.issued_at,
             })
             .collect();
-        Ok(Response::new(pb::ListWorkerTokensResponse { tokens }))
+        Ok(pb::ListWorkerTokensResponse { tokens })
     }
 
-    #[instrument(skip_all, fields(sandbox_id = %req.get_ref().sandbox_id))]
+    #[instrument(skip_all, fields(sandbox_id = %req.sandbox_id))]
     async fn revoke_worker_token(
         &self,
-        req: Request<pb::RevokeWorkerTokenRequest>,
-    ) -> Result<Response<pb::RevokeWorkerTokenResponse>, Status> {
-        let id = req.into_inner().sandbox_id;
+        req: pb::RevokeWorkerTokenRequest,
+    ) -> Result<pb::RevokeWorkerTokenResponse, Error> {
+        let id = req.sandbox_id;
         let relay = self.node.relay().clone();
         let id2 = id.clone();
         blocking(move || relay.credentials().revoke(&id2))
@@ -382,15 +349,13 @@ impl NodeAdmin for AdminService {
             .relay()
             .disconnect_network(&id, "worker credential revoked");
         info!(disconnected, "worker credential revoked");
-        Ok(Response::new(pb::RevokeWorkerTokenResponse {
-            disconnected,
-        }))
+        Ok(pb::RevokeWorkerTokenResponse { disconnected })
     }
 
     async fn list_workers(
         &self,
-        _req: Request<pb::ListWorkersRequest>,
-    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        _req: pb::ListWorkersRequest,
+    ) -> Result<pb::ListWorkersResponse, Error> {
         let mut workers: Vec<pb::WorkerInfo> = self
             .node
             .relay()
@@ -410,7 +375,29 @@ impl NodeAdmin for AdminService {
             })
             .collect();
         workers.sort_by(|a, b| (&a.origin, &a.sandbox_id).cmp(&(&b.origin, &b.sandbox_id)));
-        Ok(Response::new(pb::ListWorkersResponse { workers }))
+        Ok(pb::ListWorkersResponse { workers })
+    }
+}
+
+super::rpcs! {
+    plain impl NodeAdmin for AdminService {
+        streams {
+            ImportImageStream = ProgressStream;
+            PullImageStream = ProgressStream;
+        }
+        list_sandboxes(pb::ListSandboxesRequest) -> pb::ListSandboxesResponse = list_sandboxes;
+        get_node(pb::GetNodeRequest) -> pb::GetNodeResponse = get_node;
+        list_trash(pb::ListTrashRequest) -> pb::ListTrashResponse = list_trash;
+        read_trash(pb::ReadTrashRequest) -> pb::ReadTrashResponse = read_trash;
+        gc(pb::GcRequest) -> pb::GcResponse = gc;
+        list_images(pb::ListImagesRequest) -> pb::ListImagesResponse = list_images;
+        import_image(pb::ImportImageRequest) -> ProgressStream = import_image;
+        pull_image(pb::PullImageRequest) -> ProgressStream = pull_image;
+        alias_image(pb::AliasImageRequest) -> pb::AliasImageResponse = alias_image;
+        issue_worker_token(pb::IssueWorkerTokenRequest) -> pb::IssueWorkerTokenResponse = issue_worker_token;
+        list_worker_tokens(pb::ListWorkerTokensRequest) -> pb::ListWorkerTokensResponse = list_worker_tokens;
+        revoke_worker_token(pb::RevokeWorkerTokenRequest) -> pb::RevokeWorkerTokenResponse = revoke_worker_token;
+        list_workers(pb::ListWorkersRequest) -> pb::ListWorkersResponse = list_workers;
     }
 }
 

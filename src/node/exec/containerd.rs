@@ -19,7 +19,7 @@ use tracing::info;
 use super::lifecycle::{lost, Backend, Exit, Output};
 use super::{ExecEvent, ExecRequest};
 use crate::node::{blocking, Error, Node, Result, Sandbox};
-use crate::runtime::{spec, ExecIo, SandboxRuntime, TaskState};
+use crate::runtime::{spec, ExecIo, ExecLaunch, SandboxRuntime, TaskState};
 
 /// The first line the launcher writes to stderr: `\x1ecompute-pid:<pid>\n`.
 const PID_MARK: &[u8] = b"\x1ecompute-pid:";
@@ -183,15 +183,13 @@ impl Backend for ContainerdExec {
         let dir = self.io_dir.clone();
         let mut io = blocking(move || ExecIo::create(dir)).await??;
         let process = std::mem::take(&mut self.process);
-        self.rt
-            .exec_start(
-                &self.sandbox_id,
-                &self.exec_id,
-                process,
-                &io.stdout_path,
-                &io.stderr_path,
-            )
-            .await?;
+        let launch = ExecLaunch {
+            exec_id: &self.exec_id,
+            process,
+            stdout: &io.stdout_path,
+            stderr: &io.stderr_path,
+        };
+        self.rt.exec_start(&self.sandbox_id, launch).await?;
         io.release_writers();
         info!(exec_id = %self.exec_id, "exec started");
         let (Some(o), Some(e)) = (io.stdout.take(), io.stderr.take()) else {
@@ -231,8 +229,14 @@ impl Backend for ContainerdExec {
         let process = spec::exec_process(&args, &[spec::DEFAULT_PATH.to_string()], "/");
         let (rt, id) = (&self.rt, &self.sandbox_id);
         let null = std::path::Path::new("");
+        let launch = ExecLaunch {
+            exec_id: &kill_id,
+            process,
+            stdout: null,
+            stderr: null,
+        };
         let run = async {
-            rt.exec_start(id, &kill_id, process, null, null).await?;
+            rt.exec_start(id, launch).await?;
             rt.exec_wait(id, &kill_id).await
         };
         let r = tokio::time::timeout(Duration::from_secs(10), run).await;

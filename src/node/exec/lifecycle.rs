@@ -435,6 +435,11 @@ mod tests {
         }
     }
 
+    /// Runs `p` with the default bounds, the client never hanging up.
+    async fn alone(p: FakeProcess, ws: u64) -> Run {
+        go(p, bounds(), ws, None, false).await
+    }
+
     fn done(r: &Run) -> &Completed {
         r.result.as_ref().expect("completed")
     }
@@ -516,14 +521,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn memory_over_the_limit_kills_the_exec_and_waits_for_it_to_come_back() {
-        let r = go(
-            FakeProcess::new(Duration::from_secs(600)),
-            bounds(),
-            500,
-            None,
-            false,
-        )
-        .await;
+        let r = alone(FakeProcess::new(Duration::from_secs(600)), 500).await;
         let c = done(&r);
         assert_eq!((c.exit_code, c.oom_killed), (137, true));
         assert_eq!(r.signals, ["SIGKILL", "cleanup"]);
@@ -534,14 +532,7 @@ mod tests {
         );
         assert_eq!(r.meter.ws.load(Ordering::SeqCst), 0, "settled");
         // Under the limit: sampled, never killed.
-        let r = go(
-            FakeProcess::new(Duration::from_millis(200)),
-            bounds(),
-            50,
-            None,
-            false,
-        )
-        .await;
+        let r = alone(FakeProcess::new(Duration::from_millis(200)), 50).await;
         assert!(!done(&r).oom_killed);
         assert!(r.meter.samples.load(Ordering::SeqCst) >= 9);
     }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use prost_types::{Any, FieldMask};
 use tonic::Code;
 
-use super::{call_err, Containerd, Result, SNAPSHOTTER};
+use super::{call_err, deleted, Containerd, Result, SNAPSHOTTER};
 use containerd_client::services::v1::container::Runtime as ContainerRuntime;
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::diff_client::DiffClient;
@@ -116,14 +116,10 @@ impl Containerd {
 
     /// Deletes a container record; a missing one is not an error.
     pub async fn delete_container(&self, id: &str) -> Result<()> {
-        match ContainersClient::new(self.channel.clone())
+        let r = ContainersClient::new(self.channel.clone())
             .delete(self.req(DeleteContainerRequest { id: id.into() }))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(call_err("Containers.Delete", id)(s)),
-        }
+            .await;
+        deleted(r, "Containers.Delete", id)
     }
 
     /// Prepares an active snapshot `key` on top of `parent` and returns its mounts.
@@ -198,17 +194,13 @@ impl Containerd {
 
     /// Removes a snapshot; a missing one is not an error.
     pub async fn remove_snapshot(&self, key: &str) -> Result<()> {
-        match SnapshotsClient::new(self.channel.clone())
+        let r = SnapshotsClient::new(self.channel.clone())
             .remove(self.req(RemoveSnapshotRequest {
                 snapshotter: SNAPSHOTTER.into(),
                 key: key.into(),
             }))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(call_err("Snapshots.Remove", key)(s)),
-        }
+            .await;
+        deleted(r, "Snapshots.Remove", key)
     }
 
     /// Applies a layer blob (already in the content store) onto the given mounts.

@@ -107,6 +107,20 @@ pub(super) fn call_err(
     }
 }
 
+/// The answer to a delete: done, or gone already (not an error); anything else is `op`'s
+/// failure on `what`.
+pub(super) fn deleted<T>(
+    r: std::result::Result<T, tonic::Status>,
+    op: &'static str,
+    what: impl Into<String>,
+) -> Result<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == Code::NotFound => Ok(()),
+        Err(s) => Err(call_err(op, what)(s)),
+    }
+}
+
 /// The state of a task (the sandbox's init process) as containerd reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskState {

@@ -12,7 +12,7 @@ use containerd_client::types::Mount;
 use prost_types::Any;
 use tonic::Code;
 
-use super::{call_err, Containerd, Error, Result, TaskState};
+use super::{call_err, deleted, Containerd, Error, Result, TaskState};
 
 impl Containerd {
     /// Creates the task (the init process) of a container with the given rootfs mounts and
@@ -111,9 +111,7 @@ impl Containerd {
                 op: "Tasks.Delete",
                 what: id.into(),
             }),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(s)) if s.code() == Code::NotFound => Ok(()),
-            Ok(Err(s)) => Err(call_err("Tasks.Delete", id)(s)),
+            Ok(r) => deleted(r, "Tasks.Delete", id),
         }
     }
 
@@ -146,18 +144,12 @@ impl Containerd {
 
     /// Deletes an exited exec process; a missing one is not an error.
     pub async fn delete_process(&self, id: &str, exec_id: &str) -> Result<()> {
-        match TasksClient::new(self.channel.clone())
+        let r = TasksClient::new(self.channel.clone())
             .delete_process(self.req(DeleteProcessRequest {
                 container_id: id.into(),
                 exec_id: exec_id.into(),
             }))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(call_err("Tasks.DeleteProcess", format!("{id}/{exec_id}"))(
-                s,
-            )),
-        }
+            .await;
+        deleted(r, "Tasks.DeleteProcess", format!("{id}/{exec_id}"))
     }
 }

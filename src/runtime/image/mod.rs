@@ -208,16 +208,21 @@ fn blob(blobs: &Blobs, digest: &str) -> Result<Vec<u8>> {
     Ok(data)
 }
 
-/// Resolves an image name to the snapshot its sandboxes start from.
-pub async fn resolve(ctr: &Containerd, name: &str) -> Result<ResolvedImage> {
+/// What an image name points at (NotFound for a name containerd does not know).
+async fn target(ctr: &Containerd, name: &str) -> Result<Descriptor> {
     let image = match ctr.get_image(name).await {
         Ok(i) => i,
         Err(e) if e.is_not_found() => return Err(Error::NotFound(name.to_string())),
         Err(e) => return Err(e.into()),
     };
-    let target = image
+    image
         .target
-        .ok_or_else(|| invalid(name, "image record has no target"))?;
+        .ok_or_else(|| invalid(name, "image record has no target"))
+}
+
+/// Resolves an image name to the snapshot its sandboxes start from.
+pub async fn resolve(ctr: &Containerd, name: &str) -> Result<ResolvedImage> {
+    let target = target(ctr, name).await?;
     let digest = target.digest.clone();
     let mut manifest_digest = target.digest.clone();
     if is_index(&target.media_type) {
@@ -247,14 +252,7 @@ pub async fn resolve(ctr: &Containerd, name: &str) -> Result<ResolvedImage> {
 
 /// Gives an existing image another name.
 pub async fn alias(ctr: &Containerd, existing: &str, alias: &str) -> Result<()> {
-    let image = match ctr.get_image(existing).await {
-        Ok(i) => i,
-        Err(e) if e.is_not_found() => return Err(Error::NotFound(existing.to_string())),
-        Err(e) => return Err(e.into()),
-    };
-    let target = image
-        .target
-        .ok_or_else(|| invalid(existing, "image record has no target"))?;
+    let target = target(ctr, existing).await?;
     ctr.put_image(alias, target, None).await?;
     Ok(())
 }
