@@ -119,3 +119,15 @@ impl Config {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_readme_lists_every_variable() {
+        let readme = include_str!("../../README.md");
+        for v in super::env_vars() {
+            assert!(readme.contains(&format!("| `{v}` |")) || v == super::CONFIG_FILE_ENV, "{v}");
+        }
+        assert!(readme.contains(super::CONFIG_FILE_ENV));
+    }
+}

@@ -151,7 +151,7 @@ impl Node {
                 "node is draining: it takes no new sandboxes".into(),
             ));
         }
-        Ok(())
+        self.not_shutting_down()
     }
 
     /// CreateSandbox: records the sandbox and provisions it in the background. A live (STARTING

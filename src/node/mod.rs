@@ -181,6 +181,15 @@ impl Node {
         self.inner.tasks.shutdown(timeout).await
     }
 
+    /// UNAVAILABLE once shutdown has begun: nothing new starts (a client retries elsewhere
+    /// or after the restart).
+    fn not_shutting_down(&self) -> Result<()> {
+        if self.inner.tasks.is_shutting_down() {
+            return Err(Error::Unavailable("node is shutting down".into()));
+        }
+        Ok(())
+    }
+
     /// The node's background tasks.
     pub fn tasks(&self) -> &Tasks {
         &self.inner.tasks

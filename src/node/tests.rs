@@ -341,3 +341,22 @@ async fn a_pool_member_is_claimed_and_a_failed_claim_falls_back_to_a_cold_create
         "every task ends"
     );
 }
+
+#[tokio::test]
+async fn shutdown_drains_every_task_and_starts_nothing_new() {
+    let h = Harness::new(|_| {});
+    let sb = h.create("s").await.unwrap();
+    becomes(&sb, Status::Ready).await;
+    // Provisioning of another one hangs in its pull: shutdown cuts it.
+    h.rt.hang(Op::Resolve);
+    let stuck = h.create("stuck").await.unwrap();
+    assert!(h.node.tasks().len() >= 3, "deadlines, an exit watch, a provisioning");
+    assert!(h.node.shutdown(Duration::from_secs(5)).await, "every task ended");
+    assert!(h.node.tasks().is_empty());
+    let e = h.create("new").await.unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+    // Shutdown is not destroy: the sandboxes are left as they are, for the next daemon.
+    assert_eq!(h.rt.task(&sb.id), TaskState::Running);
+    assert_eq!(stuck.status(), Status::Starting);
+    assert!(h.rt.record_of(&stuck.id).is_some());
+}

@@ -150,6 +150,7 @@ impl Node {
         let sb = self.get(id)?;
         check(&req)?;
         self.wait_ready(&sb).await?;
+        self.not_shutting_down()?;
         let slot = self.exec_slot(&sb.id)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let node = self.clone();
