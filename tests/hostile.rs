@@ -4,21 +4,13 @@
 //!
 //! Real containerd + runsc, one daemon per test (see tests/common).
 
+#[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use computed::api::compute::v1 as pb;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 /// A file of the sandbox's cgroup in `controller` (cgroup v1 hierarchy, else v2 unified).
 fn cgroup_file(controller: &str, id: &str, v1: &str, v2: &str) -> PathBuf {
@@ -72,17 +64,6 @@ fn pids_refusals(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn destroy(
-    c: &mut pb::compute_service_client::ComputeServiceClient<tonic::transport::Channel>,
-    id: &str,
-) {
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.into(),
-    })
-    .await
-    .unwrap();
-}
-
 /// After DestroySandbox: no process, cgroup, containerd task or container, or mount is left.
 async fn assert_no_leftovers(d: &Daemon, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -107,15 +88,6 @@ async fn assert_no_leftovers(d: &Daemon, id: &str) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn timed(id: &str, cmd: &str, args: &[&str], secs: i64) -> pb::ExecCommandRequest {
-    let mut r = exec_req(id, cmd, args);
-    r.timeout = Some(prost_types::Duration {
-        seconds: secs,
-        nanos: 0,
-    });
-    r
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -172,13 +144,7 @@ async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
         pids_refusals(&bomb_id) > 0,
         "the bomb reached the pids limit"
     );
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: bomb_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &bomb_id).await;
     let status = SandboxStatus::try_from(desc.status).unwrap();
     eprintln!("bombed sandbox: {status:?} {}", desc.failure_reason);
     match status {
@@ -202,12 +168,7 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
     need!();
     let d = start("memhog", "");
     let mut c = d.client().await;
-    let mut req = create_req("t", "memhog");
-    req.limits = Some(pb::ResourceLimits {
-        memory_bytes: 128 << 20,
-        ..Default::default()
-    });
-    let id = ready_sandbox(&mut c, req).await;
+    let id = ready_sandbox(&mut c, with_limits(create_req("t", "memhog"), 0, 128 << 20)).await;
     let other = ready_sandbox(&mut c, create_req("t", "memok")).await;
     sh(&mut c, &id, "echo keep > /workspace/keep.txt").await;
 
@@ -225,13 +186,7 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
         String::from_utf8_lossy(&o.stderr)
     );
     // The sandbox survives and is usable; the other sandbox never noticed.
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(
         desc.status,
         SandboxStatus::Ready as i32,
@@ -246,13 +201,7 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
     let fill = "dd if=/dev/zero of=/tmp/fill bs=1M count=1024 2>&1; sleep 30";
     let o = exec(&mut c, timed(&id, "sh", &["-c", fill], 60)).await;
     eprintln!("tmpfs fill: {o:?}");
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     eprintln!(
         "after tmpfs fill: {:?} {}",
         SandboxStatus::try_from(desc.status),
@@ -300,11 +249,7 @@ async fn disk_fill_is_enospc_inside_only() {
     need!();
     let d = start("diskfill", "");
     let mut c = d.client().await;
-    let mut req = create_req("t", "diskfill");
-    req.workspace = Some(pb::WorkspaceSpec {
-        size: "64Mi".into(),
-        ..Default::default()
-    });
+    let req = with_workspace(create_req("t", "diskfill"), "", "64Mi", "");
     let id = ready_sandbox(&mut c, req).await;
     let host_free = free_bytes(&d.state_dir());
 
@@ -403,12 +348,7 @@ async fn cpu_hog_does_not_starve_another_sandbox() {
     need!();
     let d = start("cpuhog", "");
     let mut c = d.client().await;
-    let mut req = create_req("t", "hog");
-    req.limits = Some(pb::ResourceLimits {
-        cpu_millis: 500,
-        ..Default::default()
-    });
-    let hog = ready_sandbox(&mut c, req).await;
+    let hog = ready_sandbox(&mut c, with_limits(create_req("t", "hog"), 500, 0)).await;
     let victim = ready_sandbox(&mut c, create_req("t", "victim")).await;
 
     // Two busy loops in the hog: it would take both cores without its limit.

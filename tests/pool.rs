@@ -2,10 +2,10 @@
 //! workspace, usage from zero), refilling, cold fallbacks, concurrent claims, recovery after a
 //! daemon restart, capacity, and the operator's view.
 
+#[macro_use]
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -13,27 +13,10 @@ use computed::api::compute::v1 as pb;
 use computed::api::node::v1 as node_pb;
 use tonic::Code;
 
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
-
 /// `computectl ls -o json` of the daemon.
 fn ls_json(d: &Daemon) -> Vec<serde_json::Value> {
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["ls", "-o", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "computectl ls: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = d.computectl(&["ls", "-o", "json"]);
+    assert_success(&o, "computectl ls");
     serde_json::from_slice::<serde_json::Value>(&o.stdout)
         .unwrap()
         .as_array()
@@ -120,34 +103,8 @@ fn cpu_ns(id: &str) -> u64 {
         .unwrap()
 }
 
-fn with_limits(mut r: pb::CreateSandboxRequest, cpu: u32, mem: u64) -> pb::CreateSandboxRequest {
-    r.limits = Some(pb::ResourceLimits {
-        cpu_millis: cpu,
-        memory_bytes: mem,
-        ..Default::default()
-    });
-    r
-}
-
-async fn describe(
-    c: &mut pb::compute_service_client::ComputeServiceClient<tonic::transport::Channel>,
-    id: &str,
-) -> pb::DescribeSandboxResponse {
-    c.describe_sandbox(pb::DescribeSandboxRequest {
-        sandbox_id: id.into(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-}
-
 async fn node_info(d: &Daemon) -> node_pb::GetInfoResponse {
-    let ch = tonic::transport::Channel::from_shared(format!("http://{}", d.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    node_pb::node_info_client::NodeInfoClient::new(ch)
+    node_pb::node_info_client::NodeInfoClient::new(channel(&d.addr).await)
         .get_info(node_pb::GetInfoRequest {})
         .await
         .unwrap()
@@ -164,26 +121,18 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     let members = wait_pool(&d, 2);
 
     // The operator sees the members, marked as pool members; tenants do not.
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .arg("ls")
-        .output()
-        .unwrap();
+    let o = d.computectl(&["ls"]);
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
     for id in &members {
         let row = table.lines().find(|l| l.contains(id.as_str())).unwrap();
         assert!(row.contains("READY (pool)"), "{table}");
     }
     let member = members.iter().next().unwrap().clone();
-    let code = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: member.clone(),
-        })
-        .await
-        .unwrap_err()
-        .code();
-    assert_eq!(code, Code::NotFound, "a pool member belongs to nobody");
+    assert_code(
+        try_describe(&mut c, &member).await,
+        Code::NotFound,
+        "a pool member belongs to nobody",
+    );
     assert_eq!(labels(&d, &member)["compute.paper-board.io/pool"], "true");
     let info = node_info(&d).await;
     assert_eq!(info.pool_sandboxes, 2);
@@ -192,15 +141,11 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     // A create that fits: READY at once, one of the members.
     let cpu_before: BTreeSet<(String, u64)> =
         members.iter().map(|m| (m.clone(), cpu_ns(m))).collect();
-    let resp = c
-        .create_sandbox(with_limits(
-            create_req("tenant-p", "session-1"),
-            500,
-            256 << 20,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let resp = create(
+        &mut c,
+        with_limits(create_req("tenant-p", "session-1"), 500, 256 << 20),
+    )
+    .await;
     assert_eq!(resp.status, SandboxStatus::Ready as i32);
     let id = resp.sandbox_id;
     assert!(members.contains(&id), "{id} is not one of {members:?}");
@@ -248,16 +193,15 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     let procs_warm = sh(&mut c, &id, "ls /proc | grep -c '^[0-9]'").await;
     assert_eq!(sh(&mut c, &id, "echo hi").await, "hi\n");
     assert_eq!(sh(&mut c, &id, "ls -A /workspace").await, "");
-    let files = c
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: "/".into(),
+    let files = list_files(
+        &mut c,
+        pb::ListFilesRequest {
             recursive: true,
             max_entries: 100,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            ..list_req(&id, "/")
+        },
+    )
+    .await;
     assert!(files.entries.is_empty(), "{:?}", files.entries);
 
     // The pool refills with a new member.
@@ -276,20 +220,12 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     assert!(refilled.iter().any(|m| !members.contains(m)));
 
     // Same session again: the same sandbox, not another member.
-    let again = c
-        .create_sandbox(create_req("tenant-p", "session-1"))
-        .await
-        .unwrap()
-        .into_inner();
+    let again = create(&mut c, create_req("tenant-p", "session-1")).await;
     assert_eq!(again.sandbox_id, id);
 
     // A request that does not fit (another mount path) is created cold.
-    let mut cold_req = create_req("tenant-p", "session-cold");
-    cold_req.workspace = Some(pb::WorkspaceSpec {
-        mount_path: "/work".into(),
-        ..Default::default()
-    });
-    let cold = c.create_sandbox(cold_req).await.unwrap().into_inner();
+    let cold_req = with_workspace(create_req("tenant-p", "session-cold"), "", "", "/work");
+    let cold = create(&mut c, cold_req).await;
     assert!(!refilled.contains(&cold.sandbox_id) && cold.sandbox_id != id);
     assert_eq!(cold.status, SandboxStatus::Starting as i32);
     wait_status(
@@ -306,16 +242,11 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     );
 
     // An alias of the pool's image fits: same image digest.
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["image", "alias", IMAGE, "compute.local/alias:1"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = d.computectl(&["image", "alias", IMAGE, "compute.local/alias:1"]);
+    assert_success(&o, "computectl image alias");
     let mut alias_req = create_req("tenant-q", "session-2");
     alias_req.image = "compute.local/alias:1".into();
-    let aliased = c.create_sandbox(alias_req).await.unwrap().into_inner();
+    let aliased = create(&mut c, alias_req).await;
     assert!(refilled.contains(&aliased.sandbox_id));
     assert_eq!(
         describe(&mut c, &aliased.sandbox_id).await.image,
@@ -336,13 +267,7 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     }
 
     // A claimed sandbox is destroyed like any other.
-    let gone = c
-        .destroy_sandbox(pb::DestroySandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let gone = destroy(&mut c, &id).await;
     assert_eq!(gone.sandbox_id, id);
     assert_eq!(
         describe(&mut c, &id).await.status,
@@ -374,10 +299,7 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
     for i in 0..3 {
         let mut c = d.client().await;
         tasks.push(tokio::spawn(async move {
-            c.create_sandbox(create_req("tenant-c", &format!("s{i}")))
-                .await
-                .unwrap()
-                .into_inner()
+            create(&mut c, create_req("tenant-c", &format!("s{i}"))).await
         }));
     }
     let mut claimed = BTreeSet::new();
@@ -414,12 +336,8 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
     assert_eq!(wait_pool(&d, 1), refill);
 
     // At the maximum, a create that does not fit takes the member's slot (cold)...
-    let mut req = create_req("tenant-c", "s-cold");
-    req.workspace = Some(pb::WorkspaceSpec {
-        mount_path: "/w".into(),
-        ..Default::default()
-    });
-    let cold = c.create_sandbox(req).await.unwrap().into_inner();
+    let req = with_workspace(create_req("tenant-c", "s-cold"), "", "", "/w");
+    let cold = create(&mut c, req).await;
     assert!(!refill.contains(&cold.sandbox_id));
     wait_status(
         &mut c,
@@ -434,11 +352,11 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // ...and with four tenant sandboxes the node is full.
-    let full = c
-        .create_sandbox(create_req("tenant-c", "s-full"))
-        .await
-        .unwrap_err();
-    assert_eq!(full.code(), Code::ResourceExhausted);
+    assert_code(
+        c.create_sandbox(create_req("tenant-c", "s-full")).await,
+        Code::ResourceExhausted,
+        "create on a full node",
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(pool_ids(&d).is_empty(), "no member boots on a full node");
 }
@@ -458,11 +376,11 @@ async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_
         assert!(Instant::now() < deadline, "agents never attached");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let resp = c
-        .create_sandbox(with_limits(create_req("t", "agent"), 1000, 256 << 20))
-        .await
-        .unwrap()
-        .into_inner();
+    let resp = create(
+        &mut c,
+        with_limits(create_req("t", "agent"), 1000, 256 << 20),
+    )
+    .await;
     assert_eq!(resp.status, SandboxStatus::Ready as i32);
     let id = resp.sandbox_id;
     assert!(members.contains(&id));

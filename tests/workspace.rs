@@ -1,6 +1,7 @@
 //! Workspaces end to end (real containerd + runsc): hostile paths, a swap race, size caps,
 //! large files, storage classes, soft delete and GC.
 
+#[macro_use]
 mod common;
 
 use std::os::unix::fs::symlink;
@@ -10,18 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use computed::api::compute::v1 as pb;
-use pb::compute_service_client::ComputeServiceClient;
 use sha2::{Digest, Sha256};
-use tonic::transport::Channel;
 use tonic::Code;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 fn data_dir(d: &Daemon, id: &str) -> PathBuf {
     d.state_dir().join("workspaces").join(id).join("data")
@@ -35,37 +26,20 @@ enum Op {
     List,
 }
 
-async fn run_op(
-    c: &mut ComputeServiceClient<Channel>,
-    id: &str,
-    op: Op,
-    path: &str,
-) -> Result<Vec<u8>, tonic::Status> {
+async fn run_op(c: &mut Client, id: &str, op: Op, path: &str) -> Result<Vec<u8>, tonic::Status> {
     match op {
-        Op::Read => c
-            .read_file(pb::ReadFileRequest {
-                sandbox_id: id.into(),
-                path: path.into(),
-                ..Default::default()
-            })
-            .await
-            .map(|r| r.into_inner().data),
+        Op::Read => try_read_file(c, id, path).await.map(|r| r.data),
         Op::Write | Op::Append => c
             .write_file(pb::WriteFileRequest {
-                sandbox_id: id.into(),
-                path: path.into(),
-                data: b"pwned".to_vec(),
                 append: matches!(op, Op::Append),
-                mode: 0,
+                ..write_req(id, path, b"pwned")
             })
             .await
             .map(|_| vec![]),
         Op::List => c
             .list_files(pb::ListFilesRequest {
-                sandbox_id: id.into(),
-                path: path.into(),
                 recursive: true,
-                max_entries: 0,
+                ..list_req(id, path)
             })
             .await
             .map(|r| {
@@ -110,12 +84,7 @@ struct RawReadFileRequest {
 }
 
 async fn raw_read(addr: &str, id: &str, path: &[u8]) -> tonic::Status {
-    let ch = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(ch);
+    let mut grpc = tonic::client::Grpc::new(channel(addr).await);
     grpc.ready().await.unwrap();
     let codec = tonic_prost::ProstCodec::<RawReadFileRequest, pb::ReadFileResponse>::default();
     let req = tonic::Request::new(RawReadFileRequest {
@@ -355,11 +324,8 @@ async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
     );
     // setuid bits are never set from the host side.
     c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.clone(),
-        path: "suid".into(),
-        data: b"x".to_vec(),
         mode: 0o4755,
-        ..Default::default()
+        ..write_req(&id, "suid", b"x")
     })
     .await
     .unwrap();
@@ -387,12 +353,7 @@ async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
     let mut sc = d.client().await;
     let sid = id.clone();
     let swapper = tokio::spawn(async move {
-        let mut req = exec_req(&sid, "sh", &["-c", swap]);
-        req.timeout = Some(prost_types::Duration {
-            seconds: 60,
-            nanos: 0,
-        });
-        let _ = exec(&mut sc, req).await;
+        let _ = exec(&mut sc, timed(&sid, "sh", &["-c", swap], 60)).await;
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let host_etc_hostname = std::fs::read("/etc/hostname").unwrap_or_default();
@@ -429,15 +390,7 @@ async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
             ),
         }
         let path = format!("d/{marker}-{i}");
-        if c.write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path,
-            data: b"w".to_vec(),
-            ..Default::default()
-        })
-        .await
-        .is_ok()
-        {
+        if try_write_file(&mut c, &id, &path, b"w").await.is_ok() {
             ok_writes += 1;
         }
     }
@@ -462,12 +415,11 @@ async fn size_cap_holds_inside_and_from_writefile() {
     need!();
     let d = start("size", "");
     let mut c = d.client().await;
-    let mut req = create_req("t", "size");
-    req.workspace = Some(pb::WorkspaceSpec {
-        size: "64Mi".into(),
-        ..Default::default()
-    });
-    let id = ready_sandbox(&mut c, req).await;
+    let id = ready_sandbox(
+        &mut c,
+        with_workspace(create_req("t", "size"), "", "64Mi", ""),
+    )
+    .await;
     let o = exec(
         &mut c,
         exec_req(
@@ -488,15 +440,11 @@ async fn size_cap_holds_inside_and_from_writefile() {
         .unwrap();
     assert!(size <= 64 << 20 && size > 40 << 20, "filled {size} bytes");
     // WriteFile on the full volume: RESOURCE_EXHAUSTED.
-    let r = c
-        .write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: "more".into(),
-            data: vec![1; 8 << 20],
-            ..Default::default()
-        })
-        .await;
-    assert_eq!(r.unwrap_err().code(), Code::ResourceExhausted);
+    assert_code(
+        try_write_file(&mut c, &id, "more", vec![1; 8 << 20]).await,
+        Code::ResourceExhausted,
+        "WriteFile on the full volume",
+    );
     // The node's own disk did not fill: the volume image holds at most about the cap on the
     // host (its allocated blocks; the partition's free space moves with every other test).
     let image = d
@@ -508,14 +456,7 @@ async fn size_cap_holds_inside_and_from_writefile() {
     assert!(used < 80 << 20, "host disk used {used}");
     // Freeing space inside makes WriteFile work again.
     sh(&mut c, &id, "rm /workspace/fill").await;
-    c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.clone(),
-        path: "more".into(),
-        data: vec![1; 8 << 20],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    write_file(&mut c, &id, "more", vec![1; 8 << 20]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -523,12 +464,7 @@ async fn large_files_in_16mib_chunks_round_trip() {
     need!();
     let d = start("large", "");
     let mut c = d.client().await;
-    let id = c
-        .create_sandbox(create_req("t", "large"))
-        .await
-        .unwrap()
-        .into_inner()
-        .sandbox_id;
+    let id = create(&mut c, create_req("t", "large")).await.sandbox_id;
     // File RPCs work while the sandbox is still STARTING.
     let mut want = Sha256::new();
     for i in 0..4u8 {
@@ -538,11 +474,9 @@ async fn large_files_in_16mib_chunks_round_trip() {
         want.update(&chunk);
         let w = c
             .write_file(pb::WriteFileRequest {
-                sandbox_id: id.clone(),
-                path: "big/file.bin".into(),
-                data: chunk,
                 append: i > 0,
                 mode: 0o600,
+                ..write_req(&id, "big/file.bin", chunk)
             })
             .await
             .unwrap()
@@ -555,10 +489,8 @@ async fn large_files_in_16mib_chunks_round_trip() {
     loop {
         let r = c
             .read_file(pb::ReadFileRequest {
-                sandbox_id: id.clone(),
-                path: "big/file.bin".into(),
                 offset,
-                max_bytes: 0,
+                ..read_req(&id, "big/file.bin")
             })
             .await
             .unwrap()
@@ -579,10 +511,9 @@ async fn large_files_in_16mib_chunks_round_trip() {
     // max_bytes and offset.
     let r = c
         .read_file(pb::ReadFileRequest {
-            sandbox_id: id.clone(),
-            path: "big/file.bin".into(),
             offset: (64 << 20) - 10,
             max_bytes: 100,
+            ..read_req(&id, "big/file.bin")
         })
         .await
         .unwrap()
@@ -591,25 +522,16 @@ async fn large_files_in_16mib_chunks_round_trip() {
     assert!(r.eof);
     // ListFiles: every FileEntry field, max_entries and truncated.
     for i in 0..30 {
-        c.write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: format!("many/f{i:02}"),
-            data: vec![b'x'; i],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        write_file(&mut c, &id, &format!("many/f{i:02}"), vec![b'x'; i]).await;
     }
-    let l = c
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: "many".into(),
-            recursive: false,
+    let l = list_files(
+        &mut c,
+        pb::ListFilesRequest {
             max_entries: 10,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            ..list_req(&id, "many")
+        },
+    )
+    .await;
     assert!(l.truncated);
     assert_eq!(l.entries.len(), 10);
     let e = &l.entries[3];
@@ -618,16 +540,14 @@ async fn large_files_in_16mib_chunks_round_trip() {
     assert!(!e.is_dir);
     assert_eq!(e.mode, 0o644);
     assert!(e.modified_at.as_ref().unwrap().seconds > 1_700_000_000);
-    let l = c
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: "/workspace".into(),
+    let l = list_files(
+        &mut c,
+        pb::ListFilesRequest {
             recursive: true,
-            max_entries: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            ..list_req(&id, "/workspace")
+        },
+    )
+    .await;
     assert!(!l.truncated);
     assert!(l
         .entries
@@ -645,34 +565,18 @@ async fn storage_classes_mount_paths_and_sparse_volumes() {
     need!();
     let d = start("classes", "");
     let mut c = d.client().await;
-    let mut bad = create_req("t", "bad-class");
-    bad.workspace = Some(pb::WorkspaceSpec {
-        storage_class: "gold".into(),
-        ..Default::default()
-    });
-    assert_eq!(
-        c.create_sandbox(bad).await.unwrap_err().code(),
-        Code::InvalidArgument
+    let bad = with_workspace(create_req("t", "bad-class"), "gold", "", "");
+    assert_code(
+        c.create_sandbox(bad).await,
+        Code::InvalidArgument,
+        "storage class gold",
     );
     for mp in ["relative", "/a/../b", "/a//b", "/", "/proc"] {
-        let mut bad = create_req("t", "bad-mount");
-        bad.workspace = Some(pb::WorkspaceSpec {
-            mount_path: mp.into(),
-            ..Default::default()
-        });
-        assert_eq!(
-            c.create_sandbox(bad).await.unwrap_err().code(),
-            Code::InvalidArgument,
-            "{mp}"
-        );
+        let bad = with_workspace(create_req("t", "bad-mount"), "", "", mp);
+        assert_code(c.create_sandbox(bad).await, Code::InvalidArgument, mp);
     }
     // `local`: a plain directory.
-    let mut req = create_req("t", "local");
-    req.workspace = Some(pb::WorkspaceSpec {
-        storage_class: "local".into(),
-        mount_path: "/home/user/work".into(),
-        ..Default::default()
-    });
+    let req = with_workspace(create_req("t", "local"), "local", "", "/home/user/work");
     let local = ready_sandbox(&mut c, req).await;
     assert!(!d
         .state_dir()
@@ -684,16 +588,10 @@ async fn storage_classes_mount_paths_and_sparse_volumes() {
         sh(&mut c, &local, "pwd; echo hi > f; cat /home/user/work/f").await,
         "/home/user/work\nhi\n"
     );
-    let r = c
-        .read_file(pb::ReadFileRequest {
-            sandbox_id: local.clone(),
-            path: "/home/user/work/f".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.data, b"hi\n");
+    assert_eq!(
+        read_file(&mut c, &local, "/home/user/work/f").await.data,
+        b"hi\n"
+    );
     // `standard` (the default): sparse 5 GiB ext4 volumes.
     let mut ids = Vec::new();
     for i in 0..5 {
@@ -727,21 +625,11 @@ async fn soft_delete_then_gc_after_the_grace_period() {
     let id = ready_sandbox(&mut c, create_req("t", "gc")).await;
     let keep = ready_sandbox(&mut c, create_req("t", "gc-live")).await;
     sh(&mut c, &id, "echo precious > /workspace/notes.txt").await;
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c, &id).await;
     let base = d.state_dir().join("workspaces").join(&id);
-    let socket = d.socket.clone();
     let config = d.config.clone();
-    let computectl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_computectl"))
-            .arg("--socket")
-            .arg(&socket)
-            .args(args)
-            .output()
-            .unwrap();
+    let computectl = |d: &Daemon, args: &[&str]| {
+        let out = d.computectl(args);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -759,12 +647,12 @@ async fn soft_delete_then_gc_after_the_grace_period() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     // Operators see it in the trash and can read it.
-    let (ok, out, _) = computectl(&["trash", "ls"]);
+    let (ok, out, _) = computectl(&d, &["trash", "ls"]);
     assert!(ok && out.contains(&id));
-    let (ok, out, err) = computectl(&["trash", "cat", &id, "notes.txt"]);
+    let (ok, out, err) = computectl(&d, &["trash", "cat", &id, "notes.txt"]);
     assert!(ok, "{err}");
     assert_eq!(out, "precious\n");
-    let (ok, _, _) = computectl(&["trash", "cat", &id, "../../etc/passwd"]);
+    let (ok, _, _) = computectl(&d, &["trash", "cat", &id, "../../etc/passwd"]);
     assert!(!ok);
     // Not expired: GC deletes nothing, also across a daemon restart.
     assert!(computed_gc().contains("0 workspace(s)"));
@@ -790,11 +678,7 @@ async fn soft_delete_then_gc_after_the_grace_period() {
     let mut d2 = start("gcloop", "workspace_grace_secs = 1\ngc_interval_secs = 1");
     let mut c2 = d2.client().await;
     let id2 = ready_sandbox(&mut c2, create_req("t", "gcloop")).await;
-    c2.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id2.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c2, &id2).await;
     let base2 = d2.state_dir().join("workspaces").join(&id2);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while base2.exists() {
@@ -812,12 +696,11 @@ async fn soft_delete_then_gc_after_the_grace_period() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r = c2
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id2.clone(),
-        })
-        .await;
-    assert_eq!(r.unwrap_err().code(), Code::NotFound);
+    assert_code(
+        try_describe(&mut c2, &id2).await,
+        Code::NotFound,
+        "describe a sandbox the GC forgot",
+    );
     d2.kill9();
 }
 
@@ -827,46 +710,21 @@ async fn a_reader_never_sees_a_torn_write() {
     let d = start("atomic", "");
     let mut c = d.client().await;
     let id = ready_sandbox(&mut c, create_req("t", "atomic")).await;
-    let write = |c: &mut ComputeServiceClient<Channel>, b: u8| {
-        let req = pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: "f".into(),
-            data: vec![b; 4 << 20],
-            ..Default::default()
-        };
-        let mut c = c.clone();
-        async move { c.write_file(req).await.unwrap() }
-    };
-    write(&mut c, b'A').await;
+    write_file(&mut c, &id, "f", vec![b'A'; 4 << 20]).await;
     let mut wc = d.client().await;
     let writer = tokio::spawn({
         let id = id.clone();
         async move {
             for i in 0..60u32 {
                 let b = if i % 2 == 0 { b'B' } else { b'A' };
-                wc.write_file(pb::WriteFileRequest {
-                    sandbox_id: id.clone(),
-                    path: "f".into(),
-                    data: vec![b; 4 << 20],
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+                write_file(&mut wc, &id, "f", vec![b; 4 << 20]).await;
             }
         }
     });
     let mut reads = 0;
     let mut seen = std::collections::HashSet::new();
     while !writer.is_finished() {
-        let r = c
-            .read_file(pb::ReadFileRequest {
-                sandbox_id: id.clone(),
-                path: "f".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = read_file(&mut c, &id, "f").await;
         assert_eq!(r.data.len(), 4 << 20, "a read saw a partial file");
         let first = r.data[0];
         assert!(r.data.iter().all(|b| *b == first), "a read saw a torn mix");

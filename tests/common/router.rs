@@ -2,10 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use computed::api::compute::v1::compute_service_client::ComputeServiceClient;
 use tonic::transport::Channel;
+
+use super::{append_log, channel, free_addr, kill_child, wait_listening};
 
 /// The router's flags read from the environment, removed so that the test's flags are all of
 /// its configuration.
@@ -30,6 +32,7 @@ pub struct RouterProc {
     pub addr: String,
     nodes: String,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
     /// Its log (stderr, appended across restarts).
     pub log: PathBuf,
 }
@@ -51,16 +54,26 @@ impl RouterProc {
 
     /// Like [`RouterProc::start`], with extra flags.
     pub fn start_with(nodes: &str, dir: &Path, name: &str, extra: &[&str]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        Self::start_env(nodes, dir, name, extra, &[])
+    }
+
+    /// Like [`RouterProc::start_with`], with environment variables for the process.
+    pub fn start_env(
+        nodes: &str,
+        dir: &Path,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut r = RouterProc {
             child: None,
-            addr: format!("127.0.0.1:{port}"),
+            addr: free_addr(),
             nodes: nodes.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             log: dir.join(format!("router-{name}.log")),
         };
         r.spawn();
@@ -69,11 +82,7 @@ impl RouterProc {
 
     /// Starts (or restarts) the process and waits until it listens.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
+        let log = append_log(&self.log);
         let mut child = router_command()
             .args([
                 "router",
@@ -85,27 +94,24 @@ impl RouterProc {
                 "",
             ])
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&self.addr).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("router exited with {status}; log:\n{}", self.log_text());
-            }
-            assert!(Instant::now() < deadline, "router did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_listening(&self.addr, Duration::from_secs(20), "router", || {
+            let status = child.try_wait().ok()??;
+            Some(format!(
+                "router exited with {status}; log:\n{}",
+                self.log_text()
+            ))
+        });
         self.child = Some(child);
     }
 
     /// Kills the process.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// The log so far.
@@ -115,12 +121,7 @@ impl RouterProc {
 
     /// A plaintext ComputeService client.
     pub async fn client(&self) -> ComputeServiceClient<Channel> {
-        let ch = Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        ComputeServiceClient::new(ch)
+        ComputeServiceClient::new(channel(&self.addr).await)
     }
 
     /// Waits until the router has polled every node once.
