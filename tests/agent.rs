@@ -24,8 +24,7 @@ async fn wait_agent(d: &Daemon) {
 #[tokio::test(flavor = "multi_thread")]
 async fn execs_go_through_the_agent_with_every_semantic() {
     need!();
-    let mut d = start("agent", "agent = true\ncancel_grace_secs = 1");
-    let mut c = d.client().await;
+    let (mut d, mut c) = start_client("agent", "agent = true\ncancel_grace_secs = 1").await;
     let id = ready_sandbox(&mut c, with_limits(create_req("t", "agent"), 0, 256 << 20)).await;
     wait_agent(&d).await;
     // PID 1 is the agent.
@@ -66,15 +65,7 @@ async fn execs_go_through_the_agent_with_every_semantic() {
     assert_eq!(o.code(), 137);
 
     // Streaming: the first chunk long before the end.
-    let mut s = c
-        .exec_command(exec_req(
-            &id,
-            "sh",
-            &["-c", "echo first; sleep 2; echo second"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = sh_stream(&mut c, &id, "echo first; sleep 2; echo second").await;
     let t0 = Instant::now();
     let mut first_at = None;
     while let Some(ev) = s.message().await.unwrap() {
@@ -101,11 +92,9 @@ async fn execs_go_through_the_agent_with_every_semantic() {
     assert_eq!(sh(&mut c, &id, "echo alive").await, "alive\n");
 
     // Cancellation: SIGTERM reaches the process.
-    let mut s = c
-        .exec_command(exec_req(&id, "sh", &["-c", "trap 'echo t > /workspace/term; exit 0' TERM; echo go; while :; do sleep 0.1; done"]))
-        .await
-        .unwrap()
-        .into_inner();
+    let script =
+        "trap 'echo t > /workspace/term; exit 0' TERM; echo go; while :; do sleep 0.1; done";
+    let mut s = sh_stream(&mut c, &id, script).await;
     s.message().await.unwrap();
     drop(s);
     let t = Instant::now();
@@ -260,11 +249,11 @@ async fn the_static_agent_serves_an_image_without_libc() {
 #[tokio::test(flavor = "multi_thread")]
 async fn without_an_agent_execs_go_through_containerd() {
     need!();
-    let d = start(
+    let (d, mut c) = start_client(
         "agent-missing",
         "agent_binary = \"/nonexistent/sandbox-agent\"",
-    );
-    let mut c = d.client().await;
+    )
+    .await;
     let id = ready_sandbox(&mut c, create_req("t", "noagent")).await;
     let mut r = exec_req(&id, "sh", &["-c", "echo $FOO; pwd; exit 3"]);
     r.env.insert("FOO".into(), "bar".into());

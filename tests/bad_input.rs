@@ -65,9 +65,7 @@ async fn raw_exec(addr: &str, req: RawExecRequest) -> tonic::Status {
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_and_malformed_messages() {
     need!();
-    let d = start("badinput", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "badinput")).await;
+    let (d, mut c, id) = start_sandbox("badinput", "").await;
 
     // Over the server's 17 MiB message cap: RESOURCE_EXHAUSTED, as gRPC specifies.
     assert_code(
@@ -153,10 +151,7 @@ async fn oversized_and_malformed_messages() {
     assert_eq!((o.code(), o.out()), (0, "8 100000\n".to_string()), "{o:?}");
     // Nothing above hurt the sandbox or the daemon.
     assert_eq!(sh(&mut c, &id, "echo fine").await, "fine\n");
-    assert_eq!(
-        describe(&mut c, &id).await.status,
-        SandboxStatus::Ready as i32
-    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Ready);
 }
 
 /// The daemon's resident memory in KiB.
@@ -201,12 +196,11 @@ async fn many_exec_streams_from_a_vanishing_client_leak_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
-    let d = start(
+    let (d, mut c, id) = start_sandbox(
         "vanish",
         &format!("cancel_grace_secs = 1\nmax_execs_per_sandbox = {cap}"),
-    );
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "vanish")).await;
+    )
+    .await;
     // Warm up, then take the baseline.
     for _ in 0..3 {
         sh(&mut c, &id, "true").await;

@@ -44,8 +44,7 @@ fn json(o: &Output) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_command_against_a_real_node() {
     need!();
-    let d = start("ctl", "cancel_grace_secs = 1\nworkspace_grace_secs = 1");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("ctl", "cancel_grace_secs = 1\nworkspace_grace_secs = 1").await;
     let a = ready_sandbox(&mut c, create_req("acme", "s1")).await;
     let b = ready_sandbox(&mut c, create_req("globex", "s2")).await;
 
@@ -298,8 +297,7 @@ async fn top_refreshes_in_a_terminal() {
         skip("tmux missing (scripts/install-deps installs it)");
         return;
     }
-    let d = start("top", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("top", "").await;
     let busy = ready_sandbox(&mut c, create_req("t", "busy")).await;
     let idle = ready_sandbox(&mut c, create_req("t", "idle")).await;
     let mut c2 = d.client().await;

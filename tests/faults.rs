@@ -272,10 +272,7 @@ async fn load_sessions_in_parallel_leave_nothing_behind() {
     // Every sandbox is DESTROYED.
     let mut c = d.client().await;
     for id in &ids {
-        assert_eq!(
-            describe(&mut c, id).await.status,
-            SandboxStatus::Destroyed as i32
-        );
+        assert_eq!(status_of(&mut c, id).await, SandboxStatus::Destroyed);
     }
 }
 
@@ -290,15 +287,7 @@ async fn in_flight(
     c: &mut Client,
     id: &str,
 ) -> tokio::task::JoinHandle<Result<Option<pb::ExecCompleted>, tonic::Status>> {
-    let mut stream = c
-        .exec_command(exec_req(
-            id,
-            "sh",
-            &["-c", "echo started; sleep 60; echo never"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = sh_stream(c, id, "echo started; sleep 60; echo never").await;
     let first = stream.message().await.unwrap().unwrap();
     assert!(
         matches!(&first.event, Some(pb::exec_event::Event::Stdout(s)) if s.data == b"started\n"),

@@ -93,8 +93,7 @@ async fn assert_no_leftovers(d: &Daemon, id: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
     need!();
-    let d = start("forkbomb", "pids_limit = 256");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("forkbomb", "pids_limit = 256").await;
     let bomb_id = ready_sandbox(&mut c, create_req("t", "bomb")).await;
     let other = ready_sandbox(&mut c, create_req("t", "bystander")).await;
     let limit = read_u64(&cgroup_file("pids", &bomb_id, "pids.max", "pids.max"));
@@ -166,8 +165,7 @@ async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_exhaustion_stays_in_the_sandbox() {
     need!();
-    let d = start("memhog", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("memhog", "").await;
     let id = ready_sandbox(&mut c, with_limits(create_req("t", "memhog"), 0, 128 << 20)).await;
     let other = ready_sandbox(&mut c, create_req("t", "memok")).await;
     sh(&mut c, &id, "echo keep > /workspace/keep.txt").await;
@@ -247,8 +245,7 @@ fn free_bytes(p: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn disk_fill_is_enospc_inside_only() {
     need!();
-    let d = start("diskfill", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("diskfill", "").await;
     let req = with_workspace(create_req("t", "diskfill"), "", "64Mi", "");
     let id = ready_sandbox(&mut c, req).await;
     let host_free = free_bytes(&d.state_dir());
@@ -346,8 +343,7 @@ async fn disk_fill_is_enospc_inside_only() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cpu_hog_does_not_starve_another_sandbox() {
     need!();
-    let d = start("cpuhog", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("cpuhog", "").await;
     let hog = ready_sandbox(&mut c, with_limits(create_req("t", "hog"), 500, 0)).await;
     let victim = ready_sandbox(&mut c, create_req("t", "victim")).await;
 
@@ -406,9 +402,7 @@ async fn cpu_hog_does_not_starve_another_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_network_but_loopback_and_no_way_to_the_host() {
     need!();
-    let d = start("escape", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "escape")).await;
+    let (d, mut c, id) = start_sandbox("escape", "").await;
 
     // Interfaces: loopback only.
     let dev = sh(&mut c, &id, "cat /proc/net/dev").await;

@@ -38,9 +38,7 @@ async fn read(c: &mut Client, id: &str, path: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn pandas_reads_a_csv_and_matplotlib_draws_a_png() {
     need!();
-    let d = start("image-data", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "image-data")).await;
+    let (_d, mut c, id) = start_sandbox("image-data", "").await;
 
     write_file(
         &mut c,
@@ -85,9 +83,7 @@ ax.figure.savefig('/workspace/out/plot.png', dpi=80)
 #[tokio::test(flavor = "multi_thread")]
 async fn the_common_tools_are_there_and_work() {
     need!();
-    let d = start("image-tools", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "image-tools")).await;
+    let (_d, mut c, id) = start_sandbox("image-tools", "").await;
 
     // All present (a clear list of what is missing rather than the first exit code 127).
     let tools = [
@@ -246,9 +242,7 @@ async fn the_common_tools_are_there_and_work() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_data_stack_imports_from_precompiled_bytecode() {
     need!();
-    let d = start("image-import", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "image-import")).await;
+    let (_d, mut c, id) = start_sandbox("image-import", "").await;
 
     // Timed inside the sandbox, so the exec's own overhead is not counted.
     let timed = "import time; t = time.perf_counter(); import numpy, pandas; \

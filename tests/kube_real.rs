@@ -31,13 +31,17 @@
 //!
 //! Under `CI` missing tools fail the test; elsewhere it is skipped with the reason.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::router::assert_router_args_accepted;
+use common::{free_port, Killed};
 use computed::api::node::v1 as nodepb;
 use computed::router::discovery::watch_pods;
 use computed::router::NodeSet;
@@ -80,17 +84,9 @@ fn cache_dir() -> PathBuf {
         .join("kube-tools")
 }
 
-fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-}
-
 /// Fails (under CI) or skips (elsewhere) with `msg`.
 fn missing(msg: String) -> Option<PathBuf> {
-    if std::env::var_os("CI").is_some() {
-        panic!("kube_real: {msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
+    common::skip(&format!("kube_real: {msg}"));
     None
 }
 
@@ -105,7 +101,7 @@ fn prerequisites() -> Option<PathBuf> {
     lacking.extend(
         ["openssl", "curl", "xz", "python3"]
             .iter()
-            .filter(|b| !on_path(b))
+            .filter(|b| common::which(b).is_none())
             .map(|b| format!("{b} on PATH")),
     );
     if !lacking.is_empty() {
@@ -595,30 +591,6 @@ fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     })
 }
 
-/// The binary accepts the router's args (clap exits 2 on an unknown flag), TLS flags included.
-/// The router then stops at Kubernetes discovery: there is no kubeconfig.
-fn router_args_accepted(args: &[String], what: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_computed"))
-        .args(args)
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env("HOME", "/nonexistent")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env_remove("COMPUTE_CONFIG")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(
-        out.status.code(),
-        Some(2),
-        "{what}: router args refused: {err}"
-    );
-    assert!(
-        !err.contains("Usage:"),
-        "{what}: router args refused: {err}"
-    );
-}
-
 fn overlays(c: &Cluster) {
     let rendered: BTreeMap<&str, Vec<serde_yaml::Value>> =
         OVERLAYS.iter().map(|d| (*d, c.render(d))).collect();
@@ -635,7 +607,7 @@ fn overlays(c: &Cluster) {
         let rspec = router.spec.as_ref().unwrap().template.spec.clone().unwrap();
         let rc = container(&rspec, "router");
         let args = rc.args.clone().unwrap();
-        router_args_accepted(&args, dir);
+        assert_router_args_accepted(&args, dir);
 
         // The node config loads with the real loader, in every overlay.
         let cm: ConfigMap = typed(one(objs, "ConfigMap", "computed-node-config"));
@@ -871,6 +843,16 @@ const fn ask<'a>(verb: &'a str, resource: &'a str, namespace: &'a str) -> Ask<'a
     }
 }
 
+/// `a` on a subresource.
+const fn sub<'a>(subresource: &'a str, a: Ask<'a>) -> Ask<'a> {
+    Ask { subresource, ..a }
+}
+
+/// `a` in an API group.
+const fn group<'a>(group: &'a str, a: Ask<'a>) -> Ask<'a> {
+    Ask { group, ..a }
+}
+
 fn attrs(a: Ask) -> ResourceAttributes {
     let s = |x: &str| (!x.is_empty()).then(|| x.to_string());
     ResourceAttributes {
@@ -932,50 +914,41 @@ const NEVER: &[Ask] = &[
     ask("patch", "pods", NS),
     ask("update", "pods", NS),
     ask("deletecollection", "pods", NS),
-    Ask {
-        subresource: "status",
-        ..ask("patch", "pods", NS)
-    },
-    Ask {
-        subresource: "exec",
-        ..ask("create", "pods", NS)
-    },
-    Ask {
-        subresource: "eviction",
-        ..ask("create", "pods", NS)
-    },
+    sub("status", ask("patch", "pods", NS)),
+    sub("exec", ask("create", "pods", NS)),
+    sub("eviction", ask("create", "pods", NS)),
     ask("list", "pods", "default"),
     ask("list", "pods", "kube-system"),
     ask("list", "pods", ""),
     ask("patch", "nodes", ""),
     ask("update", "nodes", ""),
     ask("delete", "nodes", ""),
-    Ask {
-        subresource: "status",
-        ..ask("patch", "nodes", "")
-    },
+    sub("status", ask("patch", "nodes", "")),
     ask("create", "serviceaccounts", NS),
-    Ask {
-        subresource: "token",
-        ..ask("create", "serviceaccounts", NS)
-    },
-    Ask {
-        group: "apps",
-        ..ask("list", "daemonsets", NS)
-    },
-    Ask {
-        group: "apps",
-        ..ask("patch", "deployments", NS)
-    },
-    Ask {
-        group: "rbac.authorization.k8s.io",
-        ..ask("create", "roles", NS)
-    },
-    Ask {
-        group: "rbac.authorization.k8s.io",
-        ..ask("bind", "clusterroles", "")
-    },
+    sub("token", ask("create", "serviceaccounts", NS)),
+    group("apps", ask("list", "daemonsets", NS)),
+    group("apps", ask("patch", "deployments", NS)),
+    group("rbac.authorization.k8s.io", ask("create", "roles", NS)),
+    group("rbac.authorization.k8s.io", ask("bind", "clusterroles", "")),
 ];
+
+/// Asserts that the client may do each of `asks`; `who` names it in the message.
+async fn assert_may(client: &kube::Client, asks: impl IntoIterator<Item = Ask<'_>>, who: &str) {
+    for a in asks {
+        assert!(can_i(client, a).await, "{who} may not {}", describe(a));
+    }
+}
+
+/// Those of `asks` the client may do, described.
+async fn allowed(client: &kube::Client, asks: impl IntoIterator<Item = Ask<'_>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in asks {
+        if can_i(client, a).await {
+            out.push(describe(a));
+        }
+    }
+    out
+}
 
 /// The resource rules the client has in `namespace`, minus what every authenticated user has
 /// (system:basic-user: create self-subject reviews), as `resource -> verbs`.
@@ -1035,27 +1008,10 @@ fn read_only(resources: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
 
 async fn rbac_base(c: &Cluster, router_kubeconfig: &Path) {
     let router = client_from(router_kubeconfig).await;
-    for a in [
-        ask("get", "pods", NS),
-        ask("list", "pods", NS),
-        ask("watch", "pods", NS),
-    ] {
-        assert!(
-            can_i(&router, a).await,
-            "the router may not {}",
-            describe(a)
-        );
-    }
-    let mut too_much = Vec::new();
-    for a in NEVER
-        .iter()
-        .copied()
-        .chain([ask("list", "nodes", ""), ask("watch", "nodes", "")])
-    {
-        if can_i(&router, a).await {
-            too_much.push(describe(a));
-        }
-    }
+    let reads = ["get", "list", "watch"].map(|verb| ask(verb, "pods", NS));
+    assert_may(&router, reads, "the router").await;
+    let nodes = [ask("list", "nodes", ""), ask("watch", "nodes", "")];
+    let too_much = allowed(&router, NEVER.iter().copied().chain(nodes)).await;
     assert!(too_much.is_empty(), "the base's router may {too_much:?}");
     assert_eq!(own_rules(&router, NS).await, read_only(&["pods"]));
     assert_eq!(own_rules(&router, "default").await, BTreeMap::new());
@@ -1123,23 +1079,9 @@ async fn rbac_base(c: &Cluster, router_kubeconfig: &Path) {
 
 async fn rbac_nodes(router_kubeconfig: &Path) {
     let router = client_from(router_kubeconfig).await;
-    for a in [
-        ask("get", "nodes", ""),
-        ask("list", "nodes", ""),
-        ask("watch", "nodes", ""),
-    ] {
-        assert!(
-            can_i(&router, a).await,
-            "with watch-nodes the router may not {}",
-            describe(a)
-        );
-    }
-    let mut too_much = Vec::new();
-    for a in NEVER {
-        if can_i(&router, *a).await {
-            too_much.push(describe(*a));
-        }
-    }
+    let reads = ["get", "list", "watch"].map(|verb| ask(verb, "nodes", ""));
+    assert_may(&router, reads, "with watch-nodes the router").await;
+    let too_much = allowed(&router, NEVER.iter().copied()).await;
     assert!(
         too_much.is_empty(),
         "with watch-nodes the router may {too_much:?}"
@@ -1382,14 +1324,6 @@ impl nodepb::node_info_server::NodeInfo for FakeNode {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The status code of `GET path` on `addr`, or None if it does not answer.
 fn http_status(addr: &str, path: &str) -> Option<u16> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
@@ -1421,15 +1355,6 @@ async fn wait_status(addr: &str, path: &str, want: u16, what: &str, log: &Path) 
         "{what}: {path} is {last:?}, not {want}; router log:\n{}",
         tail(log, 30)
     );
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 async fn router_binary(c: &Cluster, router_kubeconfig: &Path) {

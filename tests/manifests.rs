@@ -7,10 +7,13 @@
 //! flags and config against the node's, probes. No cluster and no network needed; the overlays
 //! (rendered by kustomize) and a real API server are `tests/kube_real.rs`'s.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use common::router::assert_router_args_accepted;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Probe, Service, ServiceAccount,
@@ -860,18 +863,5 @@ fn router_args_are_accepted_by_the_binary() {
         .args
         .clone()
         .unwrap();
-    // No cluster here: with no kubeconfig and no in-cluster environment the router stops at
-    // Kubernetes discovery, after clap has accepted (or refused, exit 2) every flag.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_computed"))
-        .args(&args)
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env("HOME", "/nonexistent")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env_remove("COMPUTE_CONFIG")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(2), "router args refused: {err}");
-    assert!(!err.contains("Usage:"), "router args refused: {err}");
+    assert_router_args_accepted(&args, "the base");
 }

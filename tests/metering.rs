@@ -54,9 +54,7 @@ async fn median_run(c: &mut Client, id: &str, secs: f64, n: usize) -> (i64, i64)
 async fn cpu_is_within_ten_percent_of_the_process_cpu_time() {
     need!();
     let _alone = QUIET.write().await;
-    let d = start("mcpu", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "mcpu")).await;
+    let (_d, mut c, id) = start_sandbox("mcpu", "").await;
     // The fixed per-exec overhead: the same program with an empty loop (medians of 3 runs,
     // against the noise of a shared 2-core VM).
     let (cg0, own0) = median_run(&mut c, &id, 0.0, 3).await;
@@ -87,9 +85,7 @@ async fn cpu_is_within_ten_percent_of_the_process_cpu_time() {
 async fn memory_peak_is_per_exec() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("mmem", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "mmem")).await;
+    let (_d, mut c, id) = start_sandbox("mmem", "").await;
     let alloc = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
                  import time; time.sleep(0.3)";
     let (_, u) = run(&mut c, &id, "python3", &["-c", alloc]).await;
@@ -123,9 +119,7 @@ async fn memory_peak_is_per_exec() {
 async fn disk_bytes_are_within_five_percent() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("mdisk", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "mdisk")).await;
+    let (_d, mut c, id) = start_sandbox("mdisk", "").await;
     let mib64 = 64u64 << 20;
     let (_, u) = run(
         &mut c,
@@ -159,9 +153,7 @@ async fn disk_bytes_are_within_five_percent() {
 async fn per_exec_sums_never_exceed_the_sandbox_total() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("msum", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "msum")).await;
+    let (d, mut c, id) = start_sandbox("msum", "").await;
     // The idle rate, measured first.
     let a = lifetime(&mut c, &id).await.cpu_ms;
     let t = Instant::now();
@@ -220,11 +212,11 @@ async fn per_exec_sums_never_exceed_the_sandbox_total() {
 async fn usage_is_monotonic_across_restarts_and_kept_after_destroy() {
     need!();
     let _shared = QUIET.read().await;
-    let mut d = start(
+    let (mut d, mut c) = start_client(
         "mrestart",
         "usage_persist_secs = 1\nmeter_interval_ms = 200",
-    );
-    let mut c = d.client().await;
+    )
+    .await;
     let id = ready_sandbox(&mut c, create_req("t", "mrestart")).await;
     run(
         &mut c,
@@ -278,8 +270,7 @@ fn proc_cpu_ms(pid: u32) -> u64 {
 async fn metering_fifty_idle_sandboxes_costs_under_one_percent_of_a_core() {
     need!();
     let _alone = QUIET.write().await;
-    let d = start("mcost", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("mcost", "").await;
     let mut ids = Vec::new();
     for i in 0..50 {
         let req = with_limits(create_req("t", &format!("idle{i}")), 0, 64 << 20);
@@ -325,8 +316,7 @@ fn series(text: &str, name: &str, needles: &[&str]) -> Option<f64> {
 async fn prometheus_metrics_cover_usage_status_rpcs_execs_and_containerd_errors() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("mprom", "meter_interval_ms = 200");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("mprom", "meter_interval_ms = 200").await;
     let id = ready_sandbox(&mut c, create_req("tenant-p", "mprom")).await;
     run(&mut c, &id, "python3", &["-c", "sum(range(1_000_000))"]).await;
     let mut bad = create_req("tenant-p", "bad");

@@ -118,11 +118,7 @@ async fn three_nodes_two_routers() {
         "create without a tenant",
     );
     // Streaming and cancellation pass through: the node sees the client go away.
-    let mut s = c1
-        .exec_command(exec_req(&id, "sh", &["-c", "echo started; sleep 30"]))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = sh_stream(&mut c1, &id, "echo started; sleep 30").await;
     assert!(s.message().await.unwrap().is_some());
     drop(s);
     let owner_idx = owner(&nodes, &id).await.unwrap();
@@ -235,8 +231,5 @@ async fn three_nodes_two_routers() {
     // Bring the node back (its sandboxes were never lost: it recovers them from containerd).
     nodes[victim].spawn();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        describe(&mut c1, &on_victim).await.status,
-        SandboxStatus::Ready as i32
-    );
+    assert_eq!(status_of(&mut c1, &on_victim).await, SandboxStatus::Ready);
 }

@@ -12,9 +12,7 @@ use tonic::Code;
 #[tokio::test(flavor = "multi_thread")]
 async fn sandbox_runs_under_gvisor_not_the_host_kernel() {
     need!();
-    let d = start("gvisor", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "gvisor")).await;
+    let (_d, mut c, id) = start_sandbox("gvisor", "").await;
     let inside = sh(&mut c, &id, "cat /proc/version; dmesg").await;
     let host = std::fs::read_to_string("/proc/version").unwrap();
     assert_ne!(inside.lines().next().unwrap().trim(), host.trim());
@@ -30,8 +28,7 @@ async fn sandbox_runs_under_gvisor_not_the_host_kernel() {
 #[tokio::test(flavor = "multi_thread")]
 async fn lifecycle_exec_files_and_no_leftovers() {
     need!();
-    let d = start("lifecycle", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("lifecycle", "").await;
     let created = create(&mut c, create_req("tenant-a", "session-1")).await;
     assert_eq!(created.status, SandboxStatus::Starting as i32);
     assert!(created.created_at.is_some());
@@ -161,8 +158,7 @@ async fn lifecycle_exec_files_and_no_leftovers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_error_row_of_the_spec() {
     need!();
-    let d = start("errors", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("errors", "").await;
     let unknown = uuid::Uuid::new_v4().to_string();
 
     use Code::{FailedPrecondition, InvalidArgument, NotFound, PermissionDenied};
@@ -282,8 +278,7 @@ async fn every_error_row_of_the_spec() {
 async fn exec_waits_for_ready_and_gives_up_with_deadline_exceeded() {
     need!();
     // ready_wait_secs = 0: an exec on a STARTING sandbox gives up at once.
-    let d = start("deadline", "ready_wait_secs = 0");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("deadline", "ready_wait_secs = 0").await;
     let id = create(&mut c, create_req("t", "deadline")).await.sandbox_id;
     assert_code(
         exec(&mut c, exec_req(&id, "true", &[])).await,
@@ -303,18 +298,8 @@ async fn exec_waits_for_ready_and_gives_up_with_deadline_exceeded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn output_streams_as_it_is_produced() {
     need!();
-    let d = start("stream", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "stream")).await;
-    let mut stream = c
-        .exec_command(exec_req(
-            &id,
-            "sh",
-            &["-c", "echo first; sleep 2; echo second"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let (_d, mut c, id) = start_sandbox("stream", "").await;
+    let mut stream = sh_stream(&mut c, &id, "echo first; sleep 2; echo second").await;
     let t0 = Instant::now();
     let mut first_at = None;
     let mut completed_at = None;
@@ -342,9 +327,7 @@ async fn output_streams_as_it_is_produced() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_kills_the_exec() {
     need!();
-    let d = start("timeout", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "timeout")).await;
+    let (_d, mut c, id) = start_sandbox("timeout", "").await;
     let t0 = Instant::now();
     let o = exec(&mut c, timed(&id, "sleep", &["30"], 1)).await.unwrap();
     let done = o.completed.unwrap();
@@ -378,21 +361,17 @@ async fn cancellation_through_the_agent_sends_sigterm_then_sigkill() {
 
 /// Through containerd exec (`agent = false`) or the in-sandbox agent.
 async fn cancellation(agent: bool) {
-    let d = start(
+    let (d, mut c) = start_client(
         if agent { "cancel-agent" } else { "cancel" },
         &format!("cancel_grace_secs = 2\nagent = {agent}"),
-    );
-    let mut c = d.client().await;
+    )
+    .await;
     let id = ready_sandbox(&mut c, create_req("t", "cancel")).await;
 
     // A process that handles SIGTERM: it gets the signal when the client cancels.
     let script = "trap 'echo term > /workspace/got-term; exit 0' TERM; echo started; \
                   while :; do sleep 0.1; done";
-    let mut stream = c
-        .exec_command(exec_req(&id, "sh", &["-c", script]))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = sh_stream(&mut c, &id, script).await;
     let first = stream.message().await.unwrap().unwrap();
     assert!(matches!(
         first.event,
@@ -415,11 +394,7 @@ async fn cancellation(agent: bool) {
     // A process that ignores SIGTERM is killed after the grace period.
     let script =
         "trap '' TERM; echo started; while :; do date +%s%N > /workspace/beat; sleep 0.1; done";
-    let mut stream = c
-        .exec_command(exec_req(&id, "sh", &["-c", script]))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = sh_stream(&mut c, &id, script).await;
     stream.message().await.unwrap().unwrap();
     drop(stream);
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -445,8 +420,7 @@ async fn cancellation(agent: bool) {
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_limit_kills_the_exec_not_the_sandbox() {
     need!();
-    let d = start("memory", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("memory", "").await;
     let req = with_limits(create_req("t", "memory"), 0, 256 << 20);
     let id = ready_sandbox(&mut c, req).await;
     sh(&mut c, &id, "echo keep > /workspace/keep.txt").await;
@@ -484,8 +458,7 @@ async fn memory_limit_kills_the_exec_not_the_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cpu_limit_throttles_a_busy_loop() {
     need!();
-    let d = start("cpu", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("cpu", "").await;
     let id = ready_sandbox(&mut c, with_limits(create_req("t", "cpu"), 250, 0)).await;
     let busy = "import time\nt = time.time()\nwhile time.time() - t < 4: pass";
     let o = exec(&mut c, exec_req(&id, "python3", &["-c", busy]))
@@ -505,8 +478,7 @@ async fn cpu_limit_throttles_a_busy_loop() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_sandbox_per_session() {
     need!();
-    let d = start("session", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("session", "").await;
     let a = create(&mut c, create_req("t1", "s")).await;
     let b = create(&mut c, create_req("t1", "s")).await;
     assert_eq!(
@@ -579,8 +551,7 @@ async fn ten_sandboxes_in_parallel() {
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_keeps_every_sandbox() {
     need!();
-    let mut d = start("restart", "");
-    let mut c = d.client().await;
+    let (mut d, mut c) = start_client("restart", "").await;
     let a = ready_sandbox(&mut c, create_req("tenant-r", "session-a")).await;
     let req_b = with_limits(create_req("tenant-r", "session-b"), 500, 512 << 20);
     let b = ready_sandbox(&mut c, req_b).await;
@@ -638,8 +609,7 @@ async fn restart_keeps_every_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
     need!();
-    let d = start("maxrt", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("maxrt", "").await;
     let mut req = create_req("t", "maxrt");
     req.limits = Some(pb::ResourceLimits {
         max_runtime: secs(3),

@@ -116,8 +116,7 @@ const POOL: &str = "[[pool]]\nimage = \"compute.local/sandbox-python:latest\"\ns
 #[tokio::test(flavor = "multi_thread")]
 async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() {
     need!();
-    let d = start("pool-claim", POOL);
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("pool-claim", POOL).await;
     let members = wait_pool(&d, 2);
 
     // The operator sees the members, marked as pool members; tenants do not.
@@ -269,10 +268,7 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     // A claimed sandbox is destroyed like any other.
     let gone = destroy(&mut c, &id).await;
     assert_eq!(gone.sandbox_id, id);
-    assert_eq!(
-        describe(&mut c, &id).await.status,
-        SandboxStatus::Destroyed as i32
-    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Destroyed);
     settle(&d, 2);
 }
 
@@ -364,8 +360,7 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
 #[tokio::test(flavor = "multi_thread")]
 async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_limit() {
     need!();
-    let d = start("pool-agent", &format!("agent = true\n{POOL}"));
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("pool-agent", &format!("agent = true\n{POOL}")).await;
     let members = wait_pool(&d, 2);
     // Both members' agents attach while they wait.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -403,10 +398,7 @@ async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_
         .unwrap();
     assert_eq!(done.exit_code, 137);
     assert!(done.oom_killed);
-    assert_eq!(
-        describe(&mut c, &id).await.status,
-        SandboxStatus::Ready as i32
-    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Ready);
     settle(&d, 2);
 }
 

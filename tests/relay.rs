@@ -399,8 +399,7 @@ fn workers_json(d: &Daemon) -> Vec<serde_json::Value> {
 async fn impostors_never_displace_a_sandboxs_agent() {
     need!();
     let Some(stubs) = python_stubs() else { return };
-    let mut d = start("relayimp", "agent = true");
-    let mut c = d.client().await;
+    let (mut d, mut c) = start_client("relayimp", "agent = true").await;
     let id = ready_sandbox(&mut c, create_req("t", "impostor")).await;
     wait_log(&d, "agent attached", 1).await;
     let real = "real-42\n";

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::pki::{write, Ca};
 use common::relay::{harness_on, req, run, worker};
-use common::router::{router_command, RouterProc};
+use common::router::{router_args, router_command, RouterProc};
 use common::*;
 use computed::api::compute::v1 as pb;
 use computed::api::node::v1::node_info_client::NodeInfoClient;
@@ -260,10 +260,7 @@ async fn two_mtls_nodes_behind_routers() {
     assert_eq!(got.data, b"through two TLS hops");
     assert_eq!(live(&nodes[0]).await + live(&nodes[1]).await, 1);
     destroy(&mut c, &id).await;
-    assert_eq!(
-        describe(&mut c, &id).await.status,
-        SandboxStatus::Destroyed as i32
-    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Destroyed);
 
     // The sandbox.v1 relay rides the same TLS channels: a worker attaches through a second
     // router (plaintext listener: the agent dials plaintext; nodes verified against
@@ -343,16 +340,8 @@ async fn a_tls_router_does_not_downgrade_to_a_plaintext_node() {
 
     // Spelling the scheme out does not downgrade it either: a config error, before binding.
     let listen = free_addr();
-    let mut args = vec![
-        "router",
-        "--listen",
-        &listen,
-        "--metrics-listen",
-        "",
-        "--nodes",
-    ];
     let url = format!("http://{}", node.addr);
-    args.push(&url);
+    let mut args = router_args(&listen, &url).to_vec();
     args.extend(pki.node_mtls());
     let o = router_command().args(&args).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -447,15 +436,7 @@ fn bad_router_tls_settings_exit_64_before_binding() {
         // Free the port: a router that got as far as binding would take it.
         drop(listener);
         let mut child = router_command()
-            .args([
-                "router",
-                "--listen",
-                &listen,
-                "--metrics-listen",
-                "",
-                "--nodes",
-                "127.0.0.1:1",
-            ])
+            .args(router_args(&listen, "127.0.0.1:1"))
             .args(&flags)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

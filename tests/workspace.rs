@@ -103,9 +103,7 @@ async fn raw_read(addr: &str, id: &str, path: &[u8]) -> tonic::Status {
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
     need!();
-    let d = start("hostile", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "hostile")).await;
+    let (d, mut c, id) = start_sandbox("hostile", "").await;
     let sibling = ready_sandbox(&mut c, create_req("t", "sibling")).await;
     let ws = data_dir(&d, &id);
     let sib = data_dir(&d, &sibling);
@@ -343,9 +341,7 @@ async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
     need!();
-    let d = start("race", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "race")).await;
+    let (d, mut c, id) = start_sandbox("race", "").await;
     let marker = format!("race-{}", uuid::Uuid::new_v4().simple());
     // Inside: `d` flips between a real directory holding `f` and a symlink to `/`.
     let swap = "cd /workspace; i=0; while [ $i -lt 100000 ]; do \
@@ -413,8 +409,7 @@ async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
 #[tokio::test(flavor = "multi_thread")]
 async fn size_cap_holds_inside_and_from_writefile() {
     need!();
-    let d = start("size", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("size", "").await;
     let id = ready_sandbox(
         &mut c,
         with_workspace(create_req("t", "size"), "", "64Mi", ""),
@@ -462,8 +457,7 @@ async fn size_cap_holds_inside_and_from_writefile() {
 #[tokio::test(flavor = "multi_thread")]
 async fn large_files_in_16mib_chunks_round_trip() {
     need!();
-    let d = start("large", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("large", "").await;
     let id = create(&mut c, create_req("t", "large")).await.sandbox_id;
     // File RPCs work while the sandbox is still STARTING.
     let mut want = Sha256::new();
@@ -563,8 +557,7 @@ async fn large_files_in_16mib_chunks_round_trip() {
 #[tokio::test(flavor = "multi_thread")]
 async fn storage_classes_mount_paths_and_sparse_volumes() {
     need!();
-    let d = start("classes", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("classes", "").await;
     let bad = with_workspace(create_req("t", "bad-class"), "gold", "", "");
     assert_code(
         c.create_sandbox(bad).await,
@@ -620,8 +613,7 @@ async fn storage_classes_mount_paths_and_sparse_volumes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn soft_delete_then_gc_after_the_grace_period() {
     need!();
-    let mut d = start("gc", "workspace_grace_secs = 4\ngc_interval_secs = 0");
-    let mut c = d.client().await;
+    let (mut d, mut c) = start_client("gc", "workspace_grace_secs = 4\ngc_interval_secs = 0").await;
     let id = ready_sandbox(&mut c, create_req("t", "gc")).await;
     let keep = ready_sandbox(&mut c, create_req("t", "gc-live")).await;
     sh(&mut c, &id, "echo precious > /workspace/notes.txt").await;
@@ -707,9 +699,7 @@ async fn soft_delete_then_gc_after_the_grace_period() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reader_never_sees_a_torn_write() {
     need!();
-    let d = start("atomic", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "atomic")).await;
+    let (d, mut c, id) = start_sandbox("atomic", "").await;
     write_file(&mut c, &id, "f", vec![b'A'; 4 << 20]).await;
     let mut wc = d.client().await;
     let writer = tokio::spawn({

@@ -348,6 +348,20 @@ pub fn start_with(name: &str, extra_config: &str, opts: Options) -> Daemon {
     d
 }
 
+/// [`start`]s a daemon and connects a client to it.
+pub async fn start_client(name: &str, extra_config: &str) -> (Daemon, Client) {
+    let d = start(name, extra_config);
+    let c = d.client().await;
+    (d, c)
+}
+
+/// [`start_client`], and a READY sandbox of tenant `t`, session `name`, on the daemon.
+pub async fn start_sandbox(name: &str, extra_config: &str) -> (Daemon, Client, String) {
+    let (d, mut c) = start_client(name, extra_config).await;
+    let id = ready_sandbox(&mut c, create_req("t", name)).await;
+    (d, c, id)
+}
+
 impl Daemon {
     /// Starts (or restarts) the daemon process and waits until it serves.
     pub fn spawn(&mut self) {
@@ -714,6 +728,19 @@ pub async fn exec(c: &mut Client, req: pb::ExecCommandRequest) -> Result<ExecOut
         }
     }
     Ok(out)
+}
+
+/// Starts `sh -c script` in a sandbox: its event stream, as it comes.
+pub async fn sh_stream(c: &mut Client, id: &str, script: &str) -> tonic::Streaming<pb::ExecEvent> {
+    c.exec_command(exec_req(id, "sh", &["-c", script]))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The sandbox's status, as DescribeSandbox reports it.
+pub async fn status_of(c: &mut Client, id: &str) -> SandboxStatus {
+    SandboxStatus::try_from(describe(c, id).await.status).unwrap()
 }
 
 /// Runs a shell command in a sandbox and returns its output, asserting exit 0.

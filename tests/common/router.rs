@@ -25,6 +25,46 @@ pub const ROUTER_ENV: &[&str] = &[
     "COMPUTE_ROUTER_TLS_CLIENT_CA",
 ];
 
+/// `router --listen LISTEN --nodes NODES --metrics-listen ""`: the arguments of every router
+/// the tests start (no metrics listener).
+pub fn router_args<'a>(listen: &'a str, nodes: &'a str) -> [&'a str; 7] {
+    [
+        "router",
+        "--listen",
+        listen,
+        "--nodes",
+        nodes,
+        "--metrics-listen",
+        "",
+    ]
+}
+
+/// The binary accepts the router's `args` (clap exits 2 on an unknown flag), TLS flags
+/// included. No cluster here: with no kubeconfig and no in-cluster environment the router
+/// stops at Kubernetes discovery, after clap has accepted (or refused) every flag. `what`
+/// names the manifests in the message.
+pub fn assert_router_args_accepted(args: &[String], what: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_computed"))
+        .args(args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("HOME", "/nonexistent")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("COMPUTE_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(
+        out.status.code(),
+        Some(2),
+        "{what}: router args refused: {err}"
+    );
+    assert!(
+        !err.contains("Usage:"),
+        "{what}: router args refused: {err}"
+    );
+}
+
 /// A running `computed router`.
 pub struct RouterProc {
     child: Option<Child>,
@@ -84,15 +124,7 @@ impl RouterProc {
     pub fn spawn(&mut self) {
         let log = append_log(&self.log);
         let mut child = router_command()
-            .args([
-                "router",
-                "--listen",
-                &self.addr,
-                "--nodes",
-                &self.nodes,
-                "--metrics-listen",
-                "",
-            ])
+            .args(router_args(&self.addr, &self.nodes))
             .args(&self.extra)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
