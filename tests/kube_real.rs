@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::router::assert_router_args_accepted;
+use common::router::{assert_router_args_accepted, flag};
 use common::{free_port, Killed};
 use computed::api::node::v1 as nodepb;
 use computed::router::discovery::watch_pods;
@@ -579,18 +579,6 @@ fn config_table(cm: &ConfigMap) -> toml::Table {
     toml::from_str(text).unwrap_or_else(|e| panic!("config.toml: {e}"))
 }
 
-/// The value of `--flag V` or `--flag=V` in `args`.
-fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
-    let eq = format!("{flag}=");
-    args.iter().enumerate().find_map(|(i, a)| {
-        if a == flag {
-            args.get(i + 1).map(String::as_str)
-        } else {
-            a.strip_prefix(&eq)
-        }
-    })
-}
-
 fn overlays(c: &Cluster) {
     let rendered: BTreeMap<&str, Vec<serde_yaml::Value>> =
         OVERLAYS.iter().map(|d| (*d, c.render(d))).collect();
@@ -1120,6 +1108,19 @@ async fn set_ready(pods: &Api<Pod>, name: &str, ip: &str, ready: bool) {
         .unwrap_or_else(|e| panic!("status of {name}: {e}"));
 }
 
+/// Deletion with no grace period.
+fn now() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    }
+}
+
+/// Deletes the pod at once (no grace period: no kubelet runs to finish it).
+async fn delete_now(pods: &Api<Pod>, name: &str) {
+    pods.delete(name, &now()).await.unwrap();
+}
+
 async fn make_node(nodes: &Api<Node>, name: &str) {
     let n: Node = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"compute.paper-board.io/gvisor": "true"}}
@@ -1170,15 +1171,9 @@ async fn discovery(c: &Cluster, router_kubeconfig: &Path) {
     let nodes: Api<Node> = Api::all(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     // A scenario before may have failed half-way: start with no pods.
-    pods.delete_collection(
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-        &Default::default(),
-    )
-    .await
-    .unwrap();
+    pods.delete_collection(&now(), &Default::default())
+        .await
+        .unwrap();
     for n in ["node-a", "node-b", "node-c"] {
         make_node(&nodes, n).await;
     }
@@ -1263,27 +1258,11 @@ async fn discovery(c: &Cluster, router_kubeconfig: &Path) {
         "the pod went at once; expected it Terminating"
     );
     wait_set(&mut rx, &[a, b], "node-c going away (pod Terminating)").await;
-    pods.delete(
-        "computed-node-c",
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    delete_now(&pods, "computed-node-c").await;
     wait_set(&mut rx, &[a, b], "node-c's pod removed").await;
 
     // A rollout replaces node-b's pod: the new one has another IP.
-    pods.delete(
-        "computed-node-b",
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    delete_now(&pods, "computed-node-b").await;
     wait_set(&mut rx, &[a], "node-b's old pod deleted").await;
     pods.create(
         &PostParams::default(),
@@ -1428,15 +1407,7 @@ async fn router_binary(c: &Cluster, router_kubeconfig: &Path) {
         &log,
     )
     .await;
-    pods.delete(
-        "computed-node-local",
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    delete_now(&pods, "computed-node-local").await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("discovering nodes through Kubernetes") && text.contains("node ready"),

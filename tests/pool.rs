@@ -103,6 +103,19 @@ fn cpu_ns(id: &str) -> u64 {
         .unwrap()
 }
 
+/// Creates a sandbox the pool serves: READY at once, one of `members`. Its id.
+async fn claim(
+    c: &mut Client,
+    req: pb::CreateSandboxRequest,
+    members: &BTreeSet<String>,
+) -> String {
+    let resp = create(c, req).await;
+    assert_eq!(resp.status, SandboxStatus::Ready as i32);
+    let id = resp.sandbox_id;
+    assert!(members.contains(&id), "{id} is not one of {members:?}");
+    id
+}
+
 async fn node_info(d: &Daemon) -> node_pb::GetInfoResponse {
     node_pb::node_info_client::NodeInfoClient::new(channel(&d.addr).await)
         .get_info(node_pb::GetInfoRequest {})
@@ -140,14 +153,8 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     // A create that fits: READY at once, one of the members.
     let cpu_before: BTreeSet<(String, u64)> =
         members.iter().map(|m| (m.clone(), cpu_ns(m))).collect();
-    let resp = create(
-        &mut c,
-        with_limits(create_req("tenant-p", "session-1"), 500, 256 << 20),
-    )
-    .await;
-    assert_eq!(resp.status, SandboxStatus::Ready as i32);
-    let id = resp.sandbox_id;
-    assert!(members.contains(&id), "{id} is not one of {members:?}");
+    let req = with_limits(create_req("tenant-p", "session-1"), 500, 256 << 20);
+    let id = claim(&mut c, req, &members).await;
     let boot_cpu = cpu_before.iter().find(|(m, _)| *m == id).unwrap().1;
     assert!(boot_cpu > 0, "the member used CPU booting");
 
@@ -371,14 +378,8 @@ async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_
         assert!(Instant::now() < deadline, "agents never attached");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let resp = create(
-        &mut c,
-        with_limits(create_req("t", "agent"), 1000, 256 << 20),
-    )
-    .await;
-    assert_eq!(resp.status, SandboxStatus::Ready as i32);
-    let id = resp.sandbox_id;
-    assert!(members.contains(&id));
+    let req = with_limits(create_req("t", "agent"), 1000, 256 << 20);
+    let id = claim(&mut c, req, &members).await;
     let o = exec(&mut c, exec_req(&id, "cat", &["/proc/1/cmdline"]))
         .await
         .unwrap();

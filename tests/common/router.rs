@@ -39,6 +39,18 @@ pub fn router_args<'a>(listen: &'a str, nodes: &'a str) -> [&'a str; 7] {
     ]
 }
 
+/// The value of `--flag V` or `--flag=V` in `args`.
+pub fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let eq = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(&eq)
+        }
+    })
+}
+
 /// The binary accepts the router's `args` (clap exits 2 on an unknown flag), TLS flags
 /// included. No cluster here: with no kubeconfig and no in-cluster environment the router
 /// stops at Kubernetes discovery, after clap has accepted (or refused) every flag. `what`
