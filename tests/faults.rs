@@ -318,6 +318,19 @@ async fn kill9_under_load_with_containerd_execs() {
     kill9_under_load("kill9ctr", "agent = false").await;
 }
 
+/// A call cut by the daemon's death ends with a status that says the server went away; its
+/// code and message are added to `codes`.
+fn assert_server_gone(st: &tonic::Status, codes: &mut BTreeSet<String>, what: &str) {
+    codes.insert(format!("{:?}: {}", st.code(), st.message()));
+    assert!(
+        matches!(
+            st.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ),
+        "{what} ended with {st:?}"
+    );
+}
+
 async fn kill9_under_load(name: &str, extra: &str) {
     let n = env_num("COMPUTE_KILL9_SANDBOXES", if long() { 12 } else { 3 });
     let mut d = start(
@@ -397,14 +410,7 @@ async fn kill9_under_load(name: &str, extra: &str) {
             .expect("an in-flight exec stream hung after the daemon died")
             .unwrap();
         let st = r.expect_err("an in-flight exec cannot complete: its daemon died");
-        codes.insert(format!("{:?}: {}", st.code(), st.message()));
-        assert!(
-            matches!(
-                st.code(),
-                Code::Unavailable | Code::Unknown | Code::Internal
-            ),
-            "in-flight exec ended with {st:?}"
-        );
+        assert_server_gone(&st, &mut codes, "in-flight exec");
     }
     let mut burst_ok = 0;
     let mut burst_cut = 0;
@@ -421,14 +427,7 @@ async fn kill9_under_load(name: &str, extra: &str) {
                 }
                 Err(st) => {
                     burst_cut += 1;
-                    codes.insert(format!("{:?}: {}", st.code(), st.message()));
-                    assert!(
-                        matches!(
-                            st.code(),
-                            Code::Unavailable | Code::Unknown | Code::Internal
-                        ),
-                        "exec ended with {st:?}"
-                    );
+                    assert_server_gone(&st, &mut codes, "exec");
                 }
             }
         }

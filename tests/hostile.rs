@@ -64,6 +64,12 @@ fn pids_refusals(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// DestroySandbox, after which nothing of the sandbox is left (see [`assert_no_leftovers`]).
+async fn destroy_clean(c: &mut Client, d: &Daemon, id: &str) {
+    destroy(c, id).await;
+    assert_no_leftovers(d, id).await;
+}
+
 /// After DestroySandbox: no process, cgroup, containerd task or container, or mount is left.
 async fn assert_no_leftovers(d: &Daemon, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -152,14 +158,12 @@ async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
         other => panic!("bombed sandbox is {other:?}"),
     }
     // The bombed sandbox can be destroyed with nothing left behind.
-    destroy(&mut c, &bomb_id).await;
-    assert_no_leftovers(&d, &bomb_id).await;
+    destroy_clean(&mut c, &d, &bomb_id).await;
     let o = exec(&mut c, exec_req(&other, "echo", &["still"]))
         .await
         .unwrap();
     assert_eq!(o.out(), "still\n");
-    destroy(&mut c, &other).await;
-    assert_no_leftovers(&d, &other).await;
+    destroy_clean(&mut c, &d, &other).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -232,8 +236,7 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
     }
     // The other sandbox still works.
     assert_eq!(sh(&mut c, &other, "echo fine").await, "fine\n");
-    destroy(&mut c, &id).await;
-    assert_no_leftovers(&d, &id).await;
+    destroy_clean(&mut c, &d, &id).await;
 }
 
 /// Free bytes of the filesystem holding `p`.
@@ -336,8 +339,7 @@ async fn disk_fill_is_enospc_inside_only() {
         done.usage.unwrap().memory_peak_bytes > 200 << 20,
         "{done:?}"
     );
-    destroy(&mut c, &id).await;
-    assert_no_leftovers(&d, &id).await;
+    destroy_clean(&mut c, &d, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

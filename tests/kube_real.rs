@@ -450,22 +450,20 @@ fn probes(v: &serde_json::Value, path: String, out: &mut Vec<(String, serde_json
     }
 }
 
+/// `kubectl apply` as the API server would apply it, changing nothing.
+const DRY_RUN: [&str; 4] = [
+    "apply",
+    "--server-side",
+    "--dry-run=server",
+    "--field-manager=computed-tests",
+];
+
 fn manifests_dry_run(c: &Cluster) {
     let versions = c.kubectl_ok(&["api-versions"], None);
     let has_policy_v1 = versions.lines().any(|l| l.trim() == "policy/v1");
 
     // runtimeclass/: every object, as is.
-    let out = c.kubectl_ok(
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--field-manager=computed-tests",
-            "-f",
-            "runtimeclass/",
-        ],
-        None,
-    );
+    let out = c.kubectl_ok(&[&DRY_RUN[..], &["-f", "runtimeclass/"]].concat(), None);
     assert!(
         out.contains("runtimeclass.node.k8s.io/gvisor serverside-applied (server dry run)"),
         "{out}"
@@ -495,19 +493,8 @@ fn manifests_dry_run(c: &Cluster) {
                 );
             }
         }
-        let out = c.kubectl(
-            &[
-                "apply",
-                "-k",
-                &format!("daemonset/{dir}"),
-                "--server-side",
-                "--dry-run=server",
-                "--field-manager=computed-tests",
-                "-o",
-                "name",
-            ],
-            None,
-        );
+        let kdir = format!("daemonset/{dir}");
+        let out = c.kubectl(&[&DRY_RUN[..], &["-k", &kdir, "-o", "name"]].concat(), None);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let applied: BTreeSet<String> = stdout.lines().map(|l| l.trim().to_string()).collect();
@@ -545,14 +532,7 @@ fn manifests_dry_run(c: &Cluster) {
         let mut old = pdbs[0].clone();
         old["apiVersion"] = "policy/v1beta1".into();
         let out = c.kubectl_ok(
-            &[
-                "apply",
-                "--server-side",
-                "--dry-run=server",
-                "--field-manager=computed-tests",
-                "-f",
-                "-",
-            ],
+            &[&DRY_RUN[..], &["-f", "-"]].concat(),
             Some(&to_yaml(&[&old])),
         );
         assert!(

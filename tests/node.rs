@@ -219,18 +219,13 @@ async fn every_error_row_of_the_spec() {
     bad_image.image = "compute.local/no-such-image:1".into();
     let failed = create(&mut c, bad_image).await;
     assert_eq!(failed.status, SandboxStatus::Starting as i32);
-    let desc = wait_status(
+    wait_failed(
         &mut c,
         &failed.sandbox_id,
-        SandboxStatus::Failed,
         Duration::from_secs(20),
+        "no-such-image",
     )
     .await;
-    assert!(
-        desc.failure_reason.contains("no-such-image"),
-        "{}",
-        desc.failure_reason
-    );
     assert_code(
         exec(&mut c, exec_req(&failed.sandbox_id, "true", &[])).await,
         FailedPrecondition,
@@ -616,12 +611,7 @@ async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
         ..Default::default()
     });
     let id = ready_sandbox(&mut c, req).await;
-    let desc = wait_status(&mut c, &id, SandboxStatus::Failed, Duration::from_secs(15)).await;
-    assert!(
-        desc.failure_reason.contains("max_runtime"),
-        "{}",
-        desc.failure_reason
-    );
+    wait_failed(&mut c, &id, Duration::from_secs(15), "max_runtime").await;
     assert_code(
         exec(&mut c, exec_req(&id, "true", &[])).await,
         Code::FailedPrecondition,
@@ -662,12 +652,7 @@ async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
     for p in pids {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::SIGKILL);
     }
-    let desc = wait_status(&mut c, &id, SandboxStatus::Failed, Duration::from_secs(15)).await;
-    assert!(
-        desc.failure_reason.contains("exited"),
-        "{}",
-        desc.failure_reason
-    );
+    wait_failed(&mut c, &id, Duration::from_secs(15), "exited").await;
     destroy(&mut c, &id).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(processes_mentioning(&id).is_empty());

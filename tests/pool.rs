@@ -116,6 +116,20 @@ async fn claim(
     id
 }
 
+/// Creates a sandbox the pool does not serve: none of `members`, booted cold; waits until it
+/// is READY. What CreateSandbox answered.
+async fn cold_create(
+    c: &mut Client,
+    req: pb::CreateSandboxRequest,
+    members: &BTreeSet<String>,
+) -> pb::CreateSandboxResponse {
+    let cold = create(c, req).await;
+    let id = &cold.sandbox_id;
+    assert!(!members.contains(id), "{id} is a pool member");
+    wait_status(c, id, SandboxStatus::Ready, Duration::from_secs(60)).await;
+    cold
+}
+
 async fn node_info(d: &Daemon) -> node_pb::GetInfoResponse {
     node_pb::node_info_client::NodeInfoClient::new(channel(&d.addr).await)
         .get_info(node_pb::GetInfoRequest {})
@@ -231,17 +245,11 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
 
     // A request that does not fit (another mount path) is created cold.
     let cold_req = with_workspace(create_req("tenant-p", "session-cold"), "", "", "/work");
-    let cold = create(&mut c, cold_req).await;
-    assert!(!refilled.contains(&cold.sandbox_id) && cold.sandbox_id != id);
+    let cold = cold_create(&mut c, cold_req, &refilled).await;
     assert_eq!(cold.status, SandboxStatus::Starting as i32);
-    wait_status(
-        &mut c,
-        &cold.sandbox_id,
-        SandboxStatus::Ready,
-        Duration::from_secs(60),
-    )
-    .await;
-    let procs_cold = sh(&mut c, &cold.sandbox_id, "ls /proc | grep -c '^[0-9]'").await;
+    let cold = cold.sandbox_id;
+    assert_ne!(cold, id);
+    let procs_cold = sh(&mut c, &cold, "ls /proc | grep -c '^[0-9]'").await;
     assert_eq!(
         procs_warm, procs_cold,
         "a claimed sandbox runs what a cold one runs"
@@ -340,15 +348,7 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
 
     // At the maximum, a create that does not fit takes the member's slot (cold)...
     let req = with_workspace(create_req("tenant-c", "s-cold"), "", "", "/w");
-    let cold = create(&mut c, req).await;
-    assert!(!refill.contains(&cold.sandbox_id));
-    wait_status(
-        &mut c,
-        &cold.sandbox_id,
-        SandboxStatus::Ready,
-        Duration::from_secs(60),
-    )
-    .await;
+    cold_create(&mut c, req, &refill).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ls_json(&d).iter().all(|s| s["pool"] == false) {
         assert!(Instant::now() < deadline, "the member was not retired");

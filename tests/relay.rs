@@ -72,9 +72,7 @@ async fn relay_semantics_with_the_rust_agent() {
         ),
     )
     .await;
-    assert_eq!(r.stdout(), "a\nc\n");
-    assert_eq!(r.stderr(), "b\n");
-    assert_eq!(r.end, Some(3));
+    r.assert_is("a\nc\n", "b\n", 3);
     assert!(r.chunks.len() >= 3, "streamed as produced: {:?}", r.chunks);
     // Non-streaming: stdout comes back collected; stderr replayed, not in stdout.
     let r = run(
@@ -82,9 +80,7 @@ async fn relay_semantics_with_the_rust_agent() {
         req(&sb, 2, "echo one; echo err >&2; echo two", false),
     )
     .await;
-    assert_eq!(r.stdout(), "one\ntwo\n");
-    assert_eq!(r.stderr(), "err\n");
-    assert_eq!(r.end, Some(0));
+    r.assert_is("one\ntwo\n", "err\n", 0);
     // Signal deaths are negative.
     let r = run(&mut h, req(&sb, 3, "kill -9 $$", true)).await;
     assert_eq!(r.end, Some(-9));
@@ -362,9 +358,7 @@ async fn a_python_worker_attaches_and_serves() {
         req(&sb, 1, "echo from python; echo warn >&2; exit 4", true),
     )
     .await;
-    assert_eq!(r.stdout(), "from python\n");
-    assert_eq!(r.stderr(), "warn\n");
-    assert_eq!(r.end, Some(4));
+    r.assert_is("from python\n", "warn\n", 4);
     let r = run(&mut h, req(&sb, 2, "printf 'a\\nb\\n'", false)).await;
     assert_eq!(r.stdout(), "a\nb\n");
     assert_eq!(r.end, Some(0));

@@ -786,6 +786,23 @@ pub async fn wait_status(
     }
 }
 
+/// Waits (at most `within`) until the sandbox is FAILED, and asserts that the reason mentions
+/// `why`.
+pub async fn wait_failed(
+    c: &mut Client,
+    id: &str,
+    within: Duration,
+    why: &str,
+) -> pb::DescribeSandboxResponse {
+    let desc = wait_status(c, id, SandboxStatus::Failed, within).await;
+    assert!(
+        desc.failure_reason.contains(why),
+        "failure reason of {id}: {:?}",
+        desc.failure_reason
+    );
+    desc
+}
+
 /// Host processes whose command line mentions `needle`.
 pub fn processes_mentioning(needle: &str) -> Vec<String> {
     let mut out = Vec::new();

@@ -71,6 +71,13 @@ impl Run {
         self.text(|s| s == pb::Stream::Stderr as i32)
     }
 
+    /// Asserts what came back: stdout, stderr and the exit code.
+    pub fn assert_is(&self, stdout: &str, stderr: &str, end: i32) {
+        assert_eq!(self.stdout(), stdout, "stdout of {self:?}");
+        assert_eq!(self.stderr(), stderr, "stderr of {self:?}");
+        assert_eq!(self.end, Some(end), "exit code of {self:?}");
+    }
+
     /// Every chunk, whatever its stream, as text.
     pub fn output(&self) -> String {
         self.text(|_| true)
