@@ -34,6 +34,9 @@ fn node(name: &str, unschedulable: bool, rv: &str) -> serde_json::Value {
     })
 }
 
+/// The mock API server's side: the requests, to answer.
+type MockApi = Handle<Request<Body>, Response<Body>>;
+
 /// The router's pod watcher (and node watcher, if `watch_nodes`) against a mock API server:
 /// the node set it publishes, its task, and the handle that answers its requests.
 fn mock_watch(
@@ -41,7 +44,7 @@ fn mock_watch(
 ) -> (
     watch::Receiver<computed::router::NodeSet>,
     tokio::task::JoinHandle<()>,
-    Handle<Request<Body>, Response<Body>>,
+    MockApi,
 ) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "compute-system");

@@ -548,12 +548,15 @@ pub fn with_workspace(
     size: &str,
     mount_path: &str,
 ) -> pb::CreateSandboxRequest {
-    req.workspace = Some(pb::WorkspaceSpec {
+    // The rest at its defaults, should WorkspaceSpec grow fields.
+    #[allow(clippy::needless_update)]
+    let spec = pb::WorkspaceSpec {
         storage_class: storage_class.into(),
         size: size.into(),
         mount_path: mount_path.into(),
         ..Default::default()
-    });
+    };
+    req.workspace = Some(spec);
     req
 }
 
