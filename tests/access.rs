@@ -2,6 +2,7 @@
 //! (certificates made at test time with rcgen). That the admin service is not on TCP unless
 //! `admin_tcp` is set is tested in tests/computectl.rs.
 
+#[macro_use]
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -10,20 +11,11 @@ use std::time::Duration;
 
 use common::pki::{write, Ca};
 use common::*;
-use computed::api::compute::v1 as pb;
-use pb::compute_service_client::ComputeServiceClient;
+use computed::api::compute::v1::compute_service_client::ComputeServiceClient;
 use rcgen::ExtendedKeyUsagePurpose;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 /// A group made for one test and removed after it.
 struct TempGroup(String);
@@ -91,30 +83,34 @@ async fn unix_socket_is_0660_and_owned_by_the_configured_group() {
         format!("{cfg}\nlisten = \"\"\nmetrics_listen = \"\"\nsocket = {sock:?}\nsocket_group = \"no-such-group-xyz\"\n"),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_computed"))
-        .arg("--config")
-        .arg(&path)
-        .arg("node")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = wait_exit(&mut child, Duration::from_secs(30));
+    let (status, _) = node_exit(&path);
     assert!(!status.success(), "the daemon refuses to start");
     assert!(!sock.exists() || std::fs::metadata(&sock).unwrap().permissions().mode() & 0o007 == 0);
 }
 
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+/// Runs `computed --config CONFIG node`, which must exit within 30 s: its status and stderr.
+fn node_exit(config: &std::path::Path) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_computed"))
+        .arg("--config")
+        .arg(config)
+        .arg("node")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let t = std::time::Instant::now();
-    loop {
+    let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
-            return s;
+            break s;
         }
-        if t.elapsed() > within {
+        if t.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
             panic!("the daemon did not exit");
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status, err)
 }
 
 /// Connects over TLS trusting `ca`, presenting `client` if given, and asks health and
@@ -150,12 +146,8 @@ async fn health_and_compute(ch: Channel) -> Result<(), String> {
         return Err(format!("health status {}", h.status));
     }
     // A ComputeService call that reaches the service: NOT_FOUND for an unknown sandbox.
-    let r = ComputeServiceClient::new(ch)
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: uuid::Uuid::new_v4().to_string(),
-        })
-        .await;
-    match r {
+    let unknown = uuid::Uuid::new_v4().to_string();
+    match try_describe(&mut ComputeServiceClient::new(ch), &unknown).await {
         Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
         other => Err(format!("describe: {other:?}")),
     }
@@ -244,22 +236,7 @@ async fn mutual_tls_on_the_tcp_listener() {
     );
 
     // The unix socket stays plain (its file mode is its access control).
-    let ch = Endpoint::try_from("http://[::]")
-        .unwrap()
-        .connect_with_connector(tower::service_fn({
-            let p = d.socket.clone();
-            move |_| {
-                let p = p.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(p).await?,
-                    ))
-                }
-            }
-        }))
-        .await
-        .unwrap();
-    health_and_compute(ch).await.unwrap();
+    health_and_compute(d.local_channel().await).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -294,16 +271,8 @@ async fn server_only_tls_and_bad_tls_files() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_computed"))
-        .arg("--config")
-        .arg(&path)
-        .arg("node")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(!wait_exit(&mut child, Duration::from_secs(30)).success());
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let (status, err) = node_exit(&path);
+    assert!(!status.success());
     assert!(err.contains("/nonexistent/key.pem"), "{err}");
     assert!(!dir.join("s.sock").exists(), "nothing was served");
 }

@@ -1,20 +1,13 @@
 //! ExecCommand through the in-sandbox agent (agent = true): the same semantics as the
 //! containerd path, faster; and the agent re-attached after a daemon restart.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
 use computed::api::compute::v1 as pb;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 async fn wait_agent(d: &Daemon) {
     let t = Instant::now();
@@ -31,14 +24,8 @@ async fn wait_agent(d: &Daemon) {
 #[tokio::test(flavor = "multi_thread")]
 async fn execs_go_through_the_agent_with_every_semantic() {
     need!();
-    let mut d = start("agent", "agent = true\ncancel_grace_secs = 1");
-    let mut c = d.client().await;
-    let mut req = create_req("t", "agent");
-    req.limits = Some(pb::ResourceLimits {
-        memory_bytes: 256 << 20,
-        ..Default::default()
-    });
-    let id = ready_sandbox(&mut c, req).await;
+    let (mut d, mut c) = start_client("agent", "agent = true\ncancel_grace_secs = 1").await;
+    let id = ready_sandbox(&mut c, with_limits(create_req("t", "agent"), 0, 256 << 20)).await;
     wait_agent(&d).await;
     // PID 1 is the agent.
     let o = exec(&mut c, exec_req(&id, "cat", &["/proc/1/cmdline"]))
@@ -78,15 +65,7 @@ async fn execs_go_through_the_agent_with_every_semantic() {
     assert_eq!(o.code(), 137);
 
     // Streaming: the first chunk long before the end.
-    let mut s = c
-        .exec_command(exec_req(
-            &id,
-            "sh",
-            &["-c", "echo first; sleep 2; echo second"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = sh_stream(&mut c, &id, "echo first; sleep 2; echo second").await;
     let t0 = Instant::now();
     let mut first_at = None;
     while let Some(ev) = s.message().await.unwrap() {
@@ -97,13 +76,8 @@ async fn execs_go_through_the_agent_with_every_semantic() {
     assert!(t0.elapsed() - first_at.unwrap() >= Duration::from_millis(1500));
 
     // Timeout.
-    let mut r = exec_req(&id, "sleep", &["30"]);
-    r.timeout = Some(prost_types::Duration {
-        seconds: 1,
-        nanos: 0,
-    });
     let t = Instant::now();
-    let o = exec(&mut c, r).await.unwrap();
+    let o = exec(&mut c, timed(&id, "sleep", &["30"], 1)).await.unwrap();
     let done = o.completed.unwrap();
     assert!(done.timed_out && done.exit_code == 137 && t.elapsed() < Duration::from_secs(5));
 
@@ -118,11 +92,9 @@ async fn execs_go_through_the_agent_with_every_semantic() {
     assert_eq!(sh(&mut c, &id, "echo alive").await, "alive\n");
 
     // Cancellation: SIGTERM reaches the process.
-    let mut s = c
-        .exec_command(exec_req(&id, "sh", &["-c", "trap 'echo t > /workspace/term; exit 0' TERM; echo go; while :; do sleep 0.1; done"]))
-        .await
-        .unwrap()
-        .into_inner();
+    let script =
+        "trap 'echo t > /workspace/term; exit 0' TERM; echo go; while :; do sleep 0.1; done";
+    let mut s = sh_stream(&mut c, &id, script).await;
     s.message().await.unwrap();
     drop(s);
     let t = Instant::now();
@@ -160,11 +132,7 @@ async fn execs_go_through_the_agent_with_every_semantic() {
         "exec round trip of `true` through the agent: median {:.1} ms",
         agent_ms[5]
     );
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c, &id).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         processes_mentioning(&id).is_empty(),
@@ -251,11 +219,7 @@ async fn the_static_agent_serves_an_image_without_libc() {
         .args(["--name", "compute.local/no-libc:1"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "image import");
     let mut c = d.client().await;
     let mut req = create_req("t", "nolibc");
     req.image = "compute.local/no-libc:1".into();
@@ -279,19 +243,17 @@ async fn the_static_agent_serves_an_image_without_libc() {
     // A missing program is 127, as from a shell.
     let o = exec(&mut c, exec_req(&id, "python3", &[])).await.unwrap();
     assert_eq!(o.code(), 127);
-    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
-        .await
-        .unwrap();
+    destroy(&mut c, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_an_agent_execs_go_through_containerd() {
     need!();
-    let d = start(
+    let (d, mut c) = start_client(
         "agent-missing",
         "agent_binary = \"/nonexistent/sandbox-agent\"",
-    );
-    let mut c = d.client().await;
+    )
+    .await;
     let id = ready_sandbox(&mut c, create_req("t", "noagent")).await;
     let mut r = exec_req(&id, "sh", &["-c", "echo $FOO; pwd; exit 3"]);
     r.env.insert("FOO".into(), "bar".into());
@@ -303,7 +265,5 @@ async fn without_an_agent_execs_go_through_containerd() {
     assert!(log.contains("no sandbox-agent"), "{log}");
     assert!(!log.contains("exec completed (agent)"));
     assert!(log.contains("exec completed"));
-    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
-        .await
-        .unwrap();
+    destroy(&mut c, &id).await;
 }

@@ -5,6 +5,7 @@
 //! uses 1000) against `max_execs_per_sandbox = HOSTILE_EXEC_CAP` (CI 16; long run 64, the
 //! default): `HOSTILE_EXEC_STREAMS=1000 HOSTILE_EXEC_CAP=64 cargo test --test bad_input`.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -13,14 +14,6 @@ use common::*;
 use computed::api::compute::v1 as pb;
 use tonic::transport::Channel;
 use tonic::Code;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 /// ExecCommandRequest with byte fields where the real one has strings.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -45,12 +38,7 @@ struct RawCreateRequest {
 }
 
 async fn grpc(addr: &str) -> tonic::client::Grpc<Channel> {
-    let ch = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut g = tonic::client::Grpc::new(ch);
+    let mut g = tonic::client::Grpc::new(channel(addr).await);
     g.ready().await.unwrap();
     g
 }
@@ -77,32 +65,20 @@ async fn raw_exec(addr: &str, req: RawExecRequest) -> tonic::Status {
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_and_malformed_messages() {
     need!();
-    let d = start("badinput", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "badinput")).await;
+    let (d, mut c, id) = start_sandbox("badinput", "").await;
 
     // Over the server's 17 MiB message cap: RESOURCE_EXHAUSTED, as gRPC specifies.
-    let r = c
-        .write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: "big".into(),
-            data: vec![7; 18 << 20],
-            ..Default::default()
-        })
-        .await;
-    let s = r.expect_err("an 18 MiB message is refused");
-    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_code(
+        try_write_file(&mut c, &id, "big", vec![7; 18 << 20]).await,
+        Code::ResourceExhausted,
+        "an 18 MiB message",
+    );
     // Under the message cap but over the per-call data cap: INVALID_ARGUMENT (the spec's cap).
-    let s = c
-        .write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: "big".into(),
-            data: vec![7; (16 << 20) + 1],
-            ..Default::default()
-        })
-        .await
-        .expect_err("16 MiB + 1 is refused");
-    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert_code(
+        try_write_file(&mut c, &id, "big", vec![7; (16 << 20) + 1]).await,
+        Code::InvalidArgument,
+        "16 MiB + 1 of data",
+    );
 
     // Invalid UTF-8 in string fields: INVALID_ARGUMENT.
     for req in [
@@ -152,26 +128,21 @@ async fn oversized_and_malformed_messages() {
     let big_args: Vec<String> = (0..64)
         .map(|i| format!("{i}:{}", "a".repeat(64 << 10)))
         .collect();
-    let mut req = exec_req(&id, "sh", &["-c", "echo $#", "argv0"]);
-    req.args.extend(big_args);
-    assert_eq!(
-        exec(&mut c, req).await.unwrap_err().code(),
-        Code::InvalidArgument
-    );
-    let mut req = exec_req(&id, "sh", &["-c", "echo ${#BIG}"]);
-    req.env.insert("BIG".into(), "b".repeat(8 << 20));
-    assert_eq!(
-        exec(&mut c, req).await.unwrap_err().code(),
-        Code::InvalidArgument
-    );
-    let mut req = exec_req(&id, "sh", &["-c", "env | wc -l"]);
+    let mut many_args = exec_req(&id, "sh", &["-c", "echo $#", "argv0"]);
+    many_args.args.extend(big_args);
+    let mut big_env = exec_req(&id, "sh", &["-c", "echo ${#BIG}"]);
+    big_env.env.insert("BIG".into(), "b".repeat(8 << 20));
+    let mut many_env = exec_req(&id, "sh", &["-c", "env | wc -l"]);
     for i in 0..20_000 {
-        req.env.insert(format!("V{i}"), "v".repeat(100));
+        many_env.env.insert(format!("V{i}"), "v".repeat(100));
     }
-    assert_eq!(
-        exec(&mut c, req).await.unwrap_err().code(),
-        Code::InvalidArgument
-    );
+    for (what, req) in [
+        ("4 MiB of args", many_args),
+        ("8 MiB of env", big_env),
+        ("20000 env vars", many_env),
+    ] {
+        assert_code(exec(&mut c, req).await, Code::InvalidArgument, what);
+    }
     let mut req = exec_req(&id, "sh", &["-c", "echo $# ${#A}", "argv0"]);
     req.args
         .extend((0..8).map(|i| format!("{i}:{}", "a".repeat(64 << 10))));
@@ -180,16 +151,7 @@ async fn oversized_and_malformed_messages() {
     assert_eq!((o.code(), o.out()), (0, "8 100000\n".to_string()), "{o:?}");
     // Nothing above hurt the sandbox or the daemon.
     assert_eq!(sh(&mut c, &id, "echo fine").await, "fine\n");
-    assert_eq!(
-        c.describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status,
-        SandboxStatus::Ready as i32
-    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Ready);
 }
 
 /// The daemon's resident memory in KiB.
@@ -234,12 +196,11 @@ async fn many_exec_streams_from_a_vanishing_client_leak_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
-    let d = start(
+    let (d, mut c, id) = start_sandbox(
         "vanish",
         &format!("cancel_grace_secs = 1\nmax_execs_per_sandbox = {cap}"),
-    );
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "vanish")).await;
+    )
+    .await;
     // Warm up, then take the baseline.
     for _ in 0..3 {
         sh(&mut c, &id, "true").await;
@@ -248,12 +209,7 @@ async fn many_exec_streams_from_a_vanishing_client_leak_nothing() {
 
     // A separate connection: its client opens n streams, then vanishes.
     let t0 = Instant::now();
-    let ch = Channel::from_shared(format!("http://{}", d.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let client = pb::compute_service_client::ComputeServiceClient::new(ch);
+    let client = pb::compute_service_client::ComputeServiceClient::new(channel(&d.addr).await);
     let calls = (0..n).map(|_| {
         let mut cl = client.clone();
         let req = exec_req(&id, "sh", &["-c", "touch /workspace/run.$$; exec sleep 30"]);
@@ -286,12 +242,10 @@ async fn many_exec_streams_from_a_vanishing_client_leak_nothing() {
     assert_eq!(streams.len() + refused, n);
     assert_eq!(streams.len(), n.min(cap));
     // One more exec is refused while the slots are full.
-    assert_eq!(
-        exec(&mut c, exec_req(&id, "true", &[]))
-            .await
-            .unwrap_err()
-            .code(),
-        Code::ResourceExhausted
+    assert_code(
+        exec(&mut c, exec_req(&id, "true", &[])).await,
+        Code::ResourceExhausted,
+        "one exec over the cap",
     );
     // Wait until the admitted execs run (each leaves a marker in the workspace), then vanish.
     let data = d.state_dir().join("workspaces").join(&id).join("data");

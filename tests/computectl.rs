@@ -1,6 +1,7 @@
 //! computectl against a real node daemon: every command, its table and JSON output, and its
 //! exit codes; `top` under tmux; `exec` exit codes and Ctrl-C.
 
+#[macro_use]
 mod common;
 
 use std::path::Path;
@@ -11,12 +12,18 @@ use common::*;
 use computed::api::compute::v1 as pb;
 
 fn ctl(d: &Daemon, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
+    d.computectl_command()
         .args(args)
         .env("CONTAINERD_ADDRESS", containerd_socket())
         .env("COMPUTE_CONFIG", &d.config)
+        .output()
+        .unwrap()
+}
+
+/// computectl with `args` alone: no socket of a daemon, no environment of the test's.
+fn bare(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .args(args)
         .output()
         .unwrap()
 }
@@ -36,11 +43,8 @@ fn json(o: &Output) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_command_against_a_real_node() {
-    if !prerequisites() {
-        return;
-    }
-    let d = start("ctl", "cancel_grace_secs = 1\nworkspace_grace_secs = 1");
-    let mut c = d.client().await;
+    need!();
+    let (d, mut c) = start_client("ctl", "cancel_grace_secs = 1\nworkspace_grace_secs = 1").await;
     let a = ready_sandbox(&mut c, create_req("acme", "s1")).await;
     let b = ready_sandbox(&mut c, create_req("globex", "s2")).await;
 
@@ -120,9 +124,8 @@ async fn every_command_against_a_real_node() {
     assert_eq!(o.status.code(), Some(127));
 
     // exec: Ctrl-C (SIGINT) cancels the command in the sandbox.
-    let child = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
+    let child = d
+        .computectl_command()
         .args([
             "exec",
             &a,
@@ -264,39 +267,21 @@ async fn every_command_against_a_real_node() {
 
     // The admin service is not on TCP unless configured: computectl over --addr can still use
     // ComputeService, but not the admin verbs.
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .args(["--addr", &d.addr, "ls"])
-        .output()
-        .unwrap();
+    let o = bare(&["--addr", &d.addr, "ls"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(err(&o).contains("Unimplemented"), "{}", err(&o));
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .args(["--addr", &d.addr, "exec", &a, "--", "echo", "tcp"])
-        .output()
-        .unwrap();
+    let o = bare(&["--addr", &d.addr, "exec", &a, "--", "echo", "tcp"]);
     assert_eq!(text(&o), "tcp\n");
     // Unreachable node: a clear error and exit 1; usage errors exit 2.
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .args(["--socket", "/nonexistent.sock", "ls"])
-        .output()
-        .unwrap();
+    let o = bare(&["--socket", "/nonexistent.sock", "ls"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(err(&o).contains("cannot reach the node"), "{}", err(&o));
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .args(["ls", "--bogus"])
-        .output()
-        .unwrap();
+    let o = bare(&["ls", "--bogus"]);
     assert_eq!(o.status.code(), Some(2));
     // Completion and help.
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .args(["completion", "bash"])
-        .output()
-        .unwrap();
+    let o = bare(&["completion", "bash"]);
     assert!(o.status.success() && text(&o).contains("computectl"));
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .args(["exec", "--help"])
-        .output()
-        .unwrap();
+    let o = bare(&["exec", "--help"]);
     assert!(text(&o).contains("Examples:"));
 }
 
@@ -307,19 +292,12 @@ fn tmux(args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn top_refreshes_in_a_terminal() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     if which("tmux").is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "tmux missing (scripts/install-deps installs it)"
-        );
-        eprintln!("SKIPPED: no tmux");
+        skip("tmux missing (scripts/install-deps installs it)");
         return;
     }
-    let d = start("top", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("top", "").await;
     let busy = ready_sandbox(&mut c, create_req("t", "busy")).await;
     let idle = ready_sandbox(&mut c, create_req("t", "idle")).await;
     let mut c2 = d.client().await;

@@ -6,12 +6,15 @@
 //! publishes follows readiness, additions and deletions. Discovery against a real
 //! kube-apiserver, with the router's own token and RBAC, is `tests/kube_real.rs`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use computed::router::discovery::watch_pods;
 use http::{Request, Response};
 use kube::client::Body;
 use serde_json::json;
+use tokio::sync::watch;
+use tower_test::mock::Handle;
 
 fn pod(name: &str, node: &str, ip: &str, ready: bool, rv: &str) -> serde_json::Value {
     json!({
@@ -31,6 +34,52 @@ fn node(name: &str, unschedulable: bool, rv: &str) -> serde_json::Value {
     })
 }
 
+/// The mock API server's side: the requests, to answer.
+type MockApi = Handle<Request<Body>, Response<Body>>;
+
+/// The router's pod watcher (and node watcher, if `watch_nodes`) against a mock API server:
+/// the node set it publishes, its task, and the handle that answers its requests.
+fn mock_watch(
+    watch_nodes: bool,
+) -> (
+    watch::Receiver<computed::router::NodeSet>,
+    tokio::task::JoinHandle<()>,
+    MockApi,
+) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "compute-system");
+    let (rx, task) = watch_pods(
+        client,
+        "compute-system",
+        "app.kubernetes.io/name=computed-node",
+        50051,
+        computed::router::tls::Scheme::Http,
+        watch_nodes,
+    );
+    (rx, task, handle)
+}
+
+/// Waits until the node set's names are `want`.
+async fn wait_for<V>(rx: &watch::Receiver<BTreeMap<String, V>>, want: &[&str]) {
+    let mut rx = rx.clone();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let names: Vec<String> = rx.borrow_and_update().keys().cloned().collect();
+            if names == want {
+                return;
+            }
+            rx.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "node set never became {want:?}; is {:?}",
+            rx.borrow().keys().collect::<Vec<_>>()
+        )
+    });
+}
+
 fn respond(body: String) -> Response<Body> {
     Response::builder()
         .status(200)
@@ -38,18 +87,23 @@ fn respond(body: String) -> Response<Body> {
         .unwrap()
 }
 
+/// Answers a watch request with `events` (one JSON object a line), or, when there are none
+/// left, holds it open for an hour.
+async fn send_events(
+    send: tower_test::mock::SendResponse<Response<Body>>,
+    events: Option<Vec<serde_json::Value>>,
+) {
+    match events {
+        Some(events) => send.send_response(respond(
+            events.iter().map(|e| e.to_string() + "\n").collect(),
+        )),
+        None => tokio::time::sleep(Duration::from_secs(3600)).await,
+    }
+}
+
 #[tokio::test]
 async fn node_set_follows_the_daemonset_pods() {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(svc, "compute-system");
-    let (mut rx, task) = watch_pods(
-        client,
-        "compute-system",
-        "app.kubernetes.io/name=computed-node",
-        50051,
-        computed::router::tls::Scheme::Http,
-        true,
-    );
+    let (mut rx, task, mut handle) = mock_watch(true);
 
     // The fake API server: pod and node lists, then watch responses in order, each released
     // by the test once it has seen the state before it.
@@ -92,12 +146,7 @@ async fn node_set_follows_the_daemonset_pods() {
                     }
                     let _ = node_go.lock().await.recv().await;
                     let next = node_watches.lock().unwrap().next();
-                    match next {
-                        Some(events) => send.send_response(respond(
-                            events.iter().map(|e| e.to_string() + "\n").collect(),
-                        )),
-                        None => tokio::time::sleep(Duration::from_secs(3600)).await,
-                    }
+                    send_events(send, next).await;
                     return;
                 }
                 assert!(
@@ -119,46 +168,20 @@ async fn node_set_follows_the_daemonset_pods() {
                 }
                 let _ = go.lock().await.recv().await;
                 let next = pod_watches.lock().unwrap().next();
-                match next {
-                    Some(events) => send.send_response(respond(
-                        events.iter().map(|e| e.to_string() + "\n").collect(),
-                    )),
-                    None => tokio::time::sleep(Duration::from_secs(3600)).await,
-                }
+                send_events(send, next).await;
             });
         }
     });
 
-    let wait_for = |want: &'static [&'static str]| {
-        let mut rx = rx.clone();
-        async move {
-            tokio::time::timeout(Duration::from_secs(10), async {
-                loop {
-                    let names: Vec<String> = rx.borrow_and_update().keys().cloned().collect();
-                    if names == want {
-                        return;
-                    }
-                    rx.changed().await.unwrap();
-                }
-            })
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "node set never became {want:?}; is {:?}",
-                    rx.borrow().keys().collect::<Vec<_>>()
-                )
-            });
-        }
-    };
     // The initial list: only the ready pod.
-    wait_for(&["node-a"]).await;
+    wait_for(&rx, &["node-a"]).await;
     assert_eq!(rx.borrow()["node-a"].url, "http://10.0.0.1:50051");
     // pod-b ready, pod-c not ready yet.
     go_tx.send(()).unwrap();
-    wait_for(&["node-a", "node-b"]).await;
+    wait_for(&rx, &["node-a", "node-b"]).await;
     // pod-a deleted.
     go_tx.send(()).unwrap();
-    wait_for(&["node-b"]).await;
+    wait_for(&rx, &["node-b"]).await;
     go_tx.send(()).unwrap();
     assert_eq!(
         rx.borrow_and_update()["node-b"].url,
@@ -185,16 +208,7 @@ async fn node_set_follows_the_daemonset_pods() {
 
 #[tokio::test]
 async fn an_expired_watch_relists_and_drops_what_the_new_list_lacks() {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(svc, "compute-system");
-    let (mut rx, task) = watch_pods(
-        client,
-        "compute-system",
-        "app.kubernetes.io/name=computed-node",
-        50051,
-        computed::router::tls::Scheme::Http,
-        false,
-    );
+    let (mut rx, task, mut handle) = mock_watch(false);
     let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // The 410 is released once the test has seen the first list's node set.
     let expire = std::sync::Arc::new(tokio::sync::Notify::new());
@@ -239,30 +253,9 @@ async fn an_expired_watch_relists_and_drops_what_the_new_list_lacks() {
             }
         }
     });
-    let wait_for = |want: &'static [&'static str]| {
-        let mut rx = rx.clone();
-        async move {
-            tokio::time::timeout(Duration::from_secs(10), async {
-                loop {
-                    let names: Vec<String> = rx.borrow_and_update().keys().cloned().collect();
-                    if names == want {
-                        return;
-                    }
-                    rx.changed().await.unwrap();
-                }
-            })
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "node set never became {want:?}; is {:?}",
-                    rx.borrow().keys().collect::<Vec<_>>()
-                )
-            });
-        }
-    };
-    wait_for(&["node-a", "node-b"]).await;
+    wait_for(&rx, &["node-a", "node-b"]).await;
     expire.notify_one();
-    wait_for(&["node-b"]).await;
+    wait_for(&rx, &["node-b"]).await;
     assert!(
         lists.load(std::sync::atomic::Ordering::SeqCst) >= 2,
         "no re-list"

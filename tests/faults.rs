@@ -9,6 +9,7 @@
 //! The long forms run with `COMPUTE_LONG=1` (50 sessions of 20 execs for the load test, more
 //! sandboxes for the kill -9 test); CI runs shorter forms. Each test prints its figures.
 
+#[macro_use]
 mod common;
 
 use std::collections::BTreeSet;
@@ -18,17 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use computed::api::compute::v1 as pb;
-use pb::compute_service_client::ComputeServiceClient;
-use tonic::transport::Channel;
 use tonic::Code;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 fn long() -> bool {
     std::env::var("COMPUTE_LONG").is_ok_and(|v| !v.is_empty() && v != "0")
@@ -172,53 +163,32 @@ async fn settle(d: &Daemon, ids: &BTreeSet<String>, want: &Census, within: Durat
     }
 }
 
-fn describe_req(id: &str) -> pb::DescribeSandboxRequest {
-    pb::DescribeSandboxRequest {
-        sandbox_id: id.into(),
-    }
+/// Settles the census (see [`settle`]), prints it beside `before` under `label`, and asserts
+/// that nothing is left: `after` names the scenario in the failure message.
+async fn assert_settled(
+    d: &Daemon,
+    ids: &BTreeSet<String>,
+    before: &Census,
+    within: Duration,
+    label: &str,
+    after: &str,
+) {
+    let now = settle(d, ids, before, within).await;
+    eprintln!(
+        "{label} leftovers\n  before: {}\n  after:  {}",
+        before.counts(),
+        now.counts()
+    );
+    assert_eq!(&now, before, "leftovers after {after}");
 }
 
-fn destroy_req(id: &str) -> pb::DestroySandboxRequest {
-    pb::DestroySandboxRequest {
-        sandbox_id: id.into(),
-    }
-}
-
-async fn write(
-    c: &mut ComputeServiceClient<Channel>,
-    id: &str,
-    path: &str,
-    data: &[u8],
-) -> Result<i64, tonic::Status> {
-    c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.into(),
-        path: path.into(),
-        data: data.to_vec(),
-        ..Default::default()
-    })
-    .await
-    .map(|r| r.into_inner().bytes_written)
-}
-
-async fn read(c: &mut ComputeServiceClient<Channel>, id: &str, path: &str) -> Vec<u8> {
-    c.read_file(pb::ReadFileRequest {
-        sandbox_id: id.into(),
-        path: path.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .data
+async fn read(c: &mut Client, id: &str, path: &str) -> Vec<u8> {
+    read_file(c, id, path).await.data
 }
 
 /// One session of the load test: create, `execs` execs with file I/O between, destroy.
 /// Returns the sandbox id and the errors met (as text).
-async fn session(
-    mut c: ComputeServiceClient<Channel>,
-    i: usize,
-    execs: usize,
-) -> (Option<String>, Vec<String>, usize) {
+async fn session(mut c: Client, i: usize, execs: usize) -> (Option<String>, Vec<String>, usize) {
     let mut errors = Vec::new();
     let id = match c.create_sandbox(create_req("load", &format!("s{i}"))).await {
         Ok(r) => r.into_inner().sandbox_id,
@@ -229,7 +199,7 @@ async fn session(
         // File I/O from the host side, checked from inside, and the reverse.
         let name = format!("f{j}.txt");
         let body = format!("session {i} exec {j}\n");
-        if let Err(e) = write(&mut c, &id, &name, body.as_bytes()).await {
+        if let Err(e) = try_write_file(&mut c, &id, &name, body.as_bytes()).await {
             errors.push(format!("write {name}: {e}"));
             continue;
         }
@@ -254,7 +224,7 @@ async fn session(
             ));
         }
     }
-    if let Err(e) = c.destroy_sandbox(destroy_req(&id)).await {
+    if let Err(e) = try_destroy(&mut c, &id).await {
         errors.push(format!("destroy: {e}"));
     }
     (Some(id), errors, done)
@@ -302,43 +272,22 @@ async fn load_sessions_in_parallel_leave_nothing_behind() {
     // Every sandbox is DESTROYED.
     let mut c = d.client().await;
     for id in &ids {
-        let desc = c
-            .describe_sandbox(describe_req(id))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(desc.status, SandboxStatus::Destroyed as i32);
+        assert_eq!(status_of(&mut c, id).await, SandboxStatus::Destroyed);
     }
 }
 
 /// Lifetime usage of a sandbox as Describe reports it.
-async fn usage_of(
-    c: &mut ComputeServiceClient<Channel>,
-    id: &str,
-) -> computed::api::common::v1::UsageMetrics {
-    c.describe_sandbox(describe_req(id))
-        .await
-        .unwrap()
-        .into_inner()
-        .current_usage
-        .unwrap()
+async fn usage_of(c: &mut Client, id: &str) -> computed::api::common::v1::UsageMetrics {
+    describe(c, id).await.current_usage.unwrap()
 }
 
 /// Starts an exec that prints `started` and then sleeps; returns once `started` arrived, with a
 /// task that drains the rest of the stream and yields how it ended.
 async fn in_flight(
-    c: &mut ComputeServiceClient<Channel>,
+    c: &mut Client,
     id: &str,
 ) -> tokio::task::JoinHandle<Result<Option<pb::ExecCompleted>, tonic::Status>> {
-    let mut stream = c
-        .exec_command(exec_req(
-            id,
-            "sh",
-            &["-c", "echo started; sleep 60; echo never"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = sh_stream(c, id, "echo started; sleep 60; echo never").await;
     let first = stream.message().await.unwrap().unwrap();
     assert!(
         matches!(&first.event, Some(pb::exec_event::Event::Stdout(s)) if s.data == b"started\n"),
@@ -369,6 +318,19 @@ async fn kill9_under_load_with_containerd_execs() {
     kill9_under_load("kill9ctr", "agent = false").await;
 }
 
+/// A call cut by the daemon's death ends with a status that says the server went away; its
+/// code and message are added to `codes`.
+fn assert_server_gone(st: &tonic::Status, codes: &mut BTreeSet<String>, what: &str) {
+    codes.insert(format!("{:?}: {}", st.code(), st.message()));
+    assert!(
+        matches!(
+            st.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ),
+        "{what} ended with {st:?}"
+    );
+}
+
 async fn kill9_under_load(name: &str, extra: &str) {
     let n = env_num("COMPUTE_KILL9_SANDBOXES", if long() { 12 } else { 3 });
     let mut d = start(
@@ -383,9 +345,7 @@ async fn kill9_under_load(name: &str, extra: &str) {
     let mut ids = Vec::new();
     for i in 0..n {
         let id = ready_sandbox(&mut c, create_req("k9", &format!("ready{i}"))).await;
-        write(&mut c, &id, "host.txt", format!("host {i}\n").as_bytes())
-            .await
-            .unwrap();
+        write_file(&mut c, &id, "host.txt", format!("host {i}\n").as_bytes()).await;
         sh(
             &mut c,
             &id,
@@ -408,10 +368,8 @@ async fn kill9_under_load(name: &str, extra: &str) {
     let mut starting = Vec::new();
     for i in 0..2 {
         starting.push(
-            c.create_sandbox(create_req("k9", &format!("starting{i}")))
+            create(&mut c, create_req("k9", &format!("starting{i}")))
                 .await
-                .unwrap()
-                .into_inner()
                 .sandbox_id,
         );
     }
@@ -452,14 +410,7 @@ async fn kill9_under_load(name: &str, extra: &str) {
             .expect("an in-flight exec stream hung after the daemon died")
             .unwrap();
         let st = r.expect_err("an in-flight exec cannot complete: its daemon died");
-        codes.insert(format!("{:?}: {}", st.code(), st.message()));
-        assert!(
-            matches!(
-                st.code(),
-                Code::Unavailable | Code::Unknown | Code::Internal
-            ),
-            "in-flight exec ended with {st:?}"
-        );
+        assert_server_gone(&st, &mut codes, "in-flight exec");
     }
     let mut burst_ok = 0;
     let mut burst_cut = 0;
@@ -476,14 +427,7 @@ async fn kill9_under_load(name: &str, extra: &str) {
                 }
                 Err(st) => {
                     burst_cut += 1;
-                    codes.insert(format!("{:?}: {}", st.code(), st.message()));
-                    assert!(
-                        matches!(
-                            st.code(),
-                            Code::Unavailable | Code::Unknown | Code::Internal
-                        ),
-                        "exec ended with {st:?}"
-                    );
+                    assert_server_gone(&st, &mut codes, "exec");
                 }
             }
         }
@@ -497,11 +441,7 @@ async fn kill9_under_load(name: &str, extra: &str) {
     eprintln!("KILL9 restarted after {:.1}s", t0.elapsed().as_secs_f64());
     let mut c = d.client().await;
     for (i, id) in ids.iter().enumerate() {
-        let desc = c
-            .describe_sandbox(describe_req(id))
-            .await
-            .unwrap()
-            .into_inner();
+        let desc = describe(&mut c, id).await;
         assert_eq!(
             desc.status,
             SandboxStatus::Ready as i32,
@@ -527,7 +467,7 @@ async fn kill9_under_load(name: &str, extra: &str) {
         assert!(after.memory_peak_bytes >= b.memory_peak_bytes);
         assert!(after.disk_write_bytes >= b.disk_write_bytes);
         assert!(after.disk_read_bytes >= b.disk_read_bytes);
-        write(&mut c, id, "after.txt", b"after\n").await.unwrap();
+        write_file(&mut c, id, "after.txt", b"after\n").await;
     }
     eprintln!(
         "KILL9 ready sandboxes checked after {:.1}s",
@@ -545,18 +485,10 @@ async fn kill9_under_load(name: &str, extra: &str) {
     // Destroying everything leaves nothing behind, the orphaned execs included.
     let all: BTreeSet<String> = ids.iter().chain(starting.iter()).cloned().collect();
     for id in &all {
-        c.destroy_sandbox(destroy_req(id)).await.unwrap();
+        destroy(&mut c, id).await;
     }
-    let after_census = settle(&d, &all, &before_census, Duration::from_secs(30)).await;
-    eprintln!(
-        "KILL9 leftovers\n  before: {}\n  after:  {}",
-        before_census.counts(),
-        after_census.counts()
-    );
-    assert_eq!(
-        after_census, before_census,
-        "leftovers after kill -9 and destroy"
-    );
+    let (secs, what) = (Duration::from_secs(30), "kill -9 and destroy");
+    assert_settled(&d, &all, &before_census, secs, "KILL9", what).await;
 }
 
 /// Pids of host processes whose command line starts with `argv0` and mentions `needle`.
@@ -581,10 +513,7 @@ fn sigkill(pid: i32) {
 }
 
 /// Kills the sandbox's runsc-sandbox process (the sentry) and waits for FAILED.
-async fn kill_sentry(
-    c: &mut ComputeServiceClient<Channel>,
-    id: &str,
-) -> pb::DescribeSandboxResponse {
+async fn kill_sentry(c: &mut Client, id: &str) -> pb::DescribeSandboxResponse {
     let pids = pids_of("runsc-sandbox", id);
     assert_eq!(
         pids.len(),
@@ -602,7 +531,7 @@ async fn killing_the_runsc_sandbox_process_fails_the_sandbox_cleanly() {
     let before = Census::take(&d, &BTreeSet::new());
     let mut c = d.client().await;
     let id = ready_sandbox(&mut c, create_req("t", "sentry")).await;
-    write(&mut c, &id, "kept.txt", b"kept\n").await.unwrap();
+    write_file(&mut c, &id, "kept.txt", b"kept\n").await;
     let ids = BTreeSet::from([id.clone()]);
     // The census sees a live sandbox (so that equal counts later mean something).
     let live = Census::take(&d, &ids);
@@ -619,41 +548,24 @@ async fn killing_the_runsc_sandbox_process_fails_the_sandbox_cleanly() {
         desc.failure_reason
     );
     // Describe, post-mortem reads and Destroy work; execs say why not.
-    let desc = c
-        .describe_sandbox(describe_req(&id))
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(desc.status, SandboxStatus::Failed as i32);
     assert!(desc.current_usage.is_some());
     assert_eq!(read(&mut c, &id, "kept.txt").await, b"kept\n");
     let st = exec(&mut c, exec_req(&id, "true", &[])).await.unwrap_err();
     assert_eq!(st.code(), Code::FailedPrecondition);
     assert!(st.message().contains("FAILED"), "{st:?}");
-    let total = c
-        .destroy_sandbox(destroy_req(&id))
-        .await
-        .unwrap()
-        .into_inner();
+    let total = destroy(&mut c, &id).await;
     assert!(total.total_usage.is_some());
-    let desc = c
-        .describe_sandbox(describe_req(&id))
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(desc.status, SandboxStatus::Destroyed as i32);
     assert!(
         desc.failure_reason.contains("exited"),
         "{}",
         desc.failure_reason
     );
-    let after = settle(&d, &ids, &before, Duration::from_secs(20)).await;
-    eprintln!(
-        "SENTRY leftovers\n  before: {}\n  after:  {}",
-        before.counts(),
-        after.counts()
-    );
-    assert_eq!(after, before, "leftovers after a killed sentry and Destroy");
+    let (secs, what) = (Duration::from_secs(20), "a killed sentry and Destroy");
+    assert_settled(&d, &ids, &before, secs, "SENTRY", what).await;
 }
 
 /// A second, private containerd (its own root, state, sockets and config) that a test may kill
@@ -779,11 +691,7 @@ async fn containerd_restart_keeps_sandboxes_and_the_daemon_reconnects() {
     ctrd.kill9();
     // While containerd is down: Describe answers from memory; calls that need containerd fail
     // with UNAVAILABLE rather than hanging.
-    let desc = c
-        .describe_sandbox(describe_req(&a))
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &a).await;
     assert_eq!(desc.status, SandboxStatus::Ready as i32);
     let r = tokio::time::timeout(
         Duration::from_secs(30),
@@ -815,11 +723,7 @@ async fn containerd_restart_keeps_sandboxes_and_the_daemon_reconnects() {
     // The sandboxes survived (same sentry, same processes inside) and the daemon serves again.
     assert_eq!(pids_of("runsc-sandbox", &a), sentry_a);
     for id in [&a, &b] {
-        let desc = c
-            .describe_sandbox(describe_req(id))
-            .await
-            .unwrap()
-            .into_inner();
+        let desc = describe(&mut c, id).await;
         assert_eq!(
             desc.status,
             SandboxStatus::Ready as i32,
@@ -844,15 +748,10 @@ async fn containerd_restart_keeps_sandboxes_and_the_daemon_reconnects() {
 
     let ids = BTreeSet::from([a.clone(), b.clone(), n.clone()]);
     for id in &ids {
-        c.destroy_sandbox(destroy_req(id)).await.unwrap();
+        destroy(&mut c, id).await;
     }
-    let after = settle(&d, &ids, &before, Duration::from_secs(20)).await;
-    eprintln!(
-        "CTRD leftovers\n  before: {}\n  after:  {}",
-        before.counts(),
-        after.counts()
-    );
-    assert_eq!(after, before, "leftovers after the containerd restart test");
+    let (secs, what) = (Duration::from_secs(20), "the containerd restart test");
+    assert_settled(&d, &ids, &before, secs, "CTRD", what).await;
     drop(d);
 }
 
@@ -919,13 +818,7 @@ fn workspace_dirs(d: &Daemon) -> BTreeSet<String> {
 }
 
 fn with_class(tenant: &str, session: &str, class: &str, size: &str) -> pb::CreateSandboxRequest {
-    let mut r = create_req(tenant, session);
-    r.workspace = Some(pb::WorkspaceSpec {
-        storage_class: class.into(),
-        size: size.into(),
-        ..Default::default()
-    });
-    r
+    with_workspace(create_req(tenant, session), class, size, "")
 }
 
 /// Sets `key = value` in the daemon's config file (replacing an earlier line of that key).
@@ -957,7 +850,7 @@ async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
     let a = ready_sandbox(&mut c, with_class("t", "dir", "local", "8Mi")).await;
     let b = ready_sandbox(&mut c, with_class("t", "loop", "standard", "32Mi")).await;
     for id in [&a, &b] {
-        write(&mut c, id, "kept.txt", b"kept\n").await.unwrap();
+        write_file(&mut c, id, "kept.txt", b"kept\n").await;
     }
     let ids = BTreeSet::from([a.clone(), b.clone()]);
     let dirs = workspace_dirs(&d);
@@ -972,9 +865,11 @@ async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
         assert_eq!(st.code(), Code::ResourceExhausted, "{class}: {st:?}");
     }
     for id in [&a, &b] {
-        let st = write(&mut c, id, "new.txt", b"x").await.unwrap_err();
+        let st = try_write_file(&mut c, id, "new.txt", b"x")
+            .await
+            .unwrap_err();
         assert_eq!(st.code(), Code::ResourceExhausted, "{st:?}");
-        let st = write(&mut c, id, "kept.txt", b"overwritten\n")
+        let st = try_write_file(&mut c, id, "kept.txt", b"overwritten\n")
             .await
             .unwrap_err();
         assert_eq!(st.code(), Code::ResourceExhausted, "{st:?}");
@@ -997,7 +892,7 @@ async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
         !st.message().contains(&*disk.path().to_string_lossy()),
         "no host paths: {st:?}"
     );
-    let st = write(&mut c, &a, "kept.txt", &vec![1u8; 1 << 20])
+    let st = try_write_file(&mut c, &a, "kept.txt", vec![1u8; 1 << 20])
         .await
         .unwrap_err();
     assert_eq!(st.code(), Code::ResourceExhausted, "{st:?}");
@@ -1021,11 +916,7 @@ async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
     .await
     .unwrap();
     assert_ne!(o.code(), 0, "a write inside a full disk fails");
-    let desc = c
-        .describe_sandbox(describe_req(&a))
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &a).await;
     assert_eq!(desc.status, SandboxStatus::Ready as i32);
     assert_eq!(workspace_dirs(&d), dirs, "no workspace half-made");
     assert_eq!(d.ctr(&["containers", "ls", "-q"]).lines().count(), 2);
@@ -1040,8 +931,8 @@ async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
     // Space again: everything works.
     std::fs::remove_file(&filler).unwrap();
     sh(&mut c, &a, "rm -f /workspace/big").await;
-    write(&mut c, &a, "new.txt", b"new\n").await.unwrap();
-    write(&mut c, &b, "new.txt", b"new\n").await.unwrap();
+    write_file(&mut c, &a, "new.txt", b"new\n").await;
+    write_file(&mut c, &b, "new.txt", b"new\n").await;
     assert_eq!(
         sh(&mut c, &b, "cat /workspace/kept.txt /workspace/new.txt").await,
         "kept\nnew\n"
@@ -1050,15 +941,10 @@ async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
     let mut all = ids.clone();
     all.insert(n.clone());
     for id in &all {
-        c.destroy_sandbox(destroy_req(id)).await.unwrap();
+        destroy(&mut c, id).await;
     }
-    let after = settle(&d, &all, &before, Duration::from_secs(20)).await;
-    eprintln!(
-        "DISK leftovers\n  before: {}\n  after:  {}",
-        before.counts(),
-        after.counts()
-    );
-    assert_eq!(after, before);
+    let (secs, what) = (Duration::from_secs(20), "the full disk test");
+    assert_settled(&d, &all, &before, secs, "DISK", what).await;
     drop(d);
 }
 
@@ -1082,7 +968,7 @@ async fn no_loop_device_left_is_resource_exhausted() {
     // A class without loop devices is still served.
     let l = ready_sandbox(&mut c, with_class("t", "l", "local", "16Mi")).await;
     // A destroyed sandbox gives its loop device back.
-    c.destroy_sandbox(destroy_req(&a)).await.unwrap();
+    destroy(&mut c, &a).await;
     let n = ready_sandbox(&mut c, with_class("t", "c", "standard", "16Mi")).await;
     assert_eq!(
         sh(&mut c, &n, "echo ok > /workspace/x; cat /workspace/x").await,
@@ -1090,8 +976,8 @@ async fn no_loop_device_left_is_resource_exhausted() {
     );
     let all = BTreeSet::from([a.clone(), b.clone(), l.clone(), n.clone()]);
     for id in [&b, &l, &n] {
-        c.destroy_sandbox(destroy_req(id)).await.unwrap();
+        destroy(&mut c, id).await;
     }
-    let after = settle(&d, &all, &before, Duration::from_secs(20)).await;
-    assert_eq!(after, before);
+    let (secs, what) = (Duration::from_secs(20), "the loop device test");
+    assert_settled(&d, &all, &before, secs, "LOOP", what).await;
 }

@@ -4,21 +4,13 @@
 //!
 //! Real containerd + runsc, one daemon per test (see tests/common).
 
+#[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use computed::api::compute::v1 as pb;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 /// A file of the sandbox's cgroup in `controller` (cgroup v1 hierarchy, else v2 unified).
 fn cgroup_file(controller: &str, id: &str, v1: &str, v2: &str) -> PathBuf {
@@ -72,15 +64,10 @@ fn pids_refusals(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn destroy(
-    c: &mut pb::compute_service_client::ComputeServiceClient<tonic::transport::Channel>,
-    id: &str,
-) {
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.into(),
-    })
-    .await
-    .unwrap();
+/// DestroySandbox, after which nothing of the sandbox is left (see [`assert_no_leftovers`]).
+async fn destroy_clean(c: &mut Client, d: &Daemon, id: &str) {
+    destroy(c, id).await;
+    assert_no_leftovers(d, id).await;
 }
 
 /// After DestroySandbox: no process, cgroup, containerd task or container, or mount is left.
@@ -109,20 +96,10 @@ async fn assert_no_leftovers(d: &Daemon, id: &str) {
     }
 }
 
-fn timed(id: &str, cmd: &str, args: &[&str], secs: i64) -> pb::ExecCommandRequest {
-    let mut r = exec_req(id, cmd, args);
-    r.timeout = Some(prost_types::Duration {
-        seconds: secs,
-        nanos: 0,
-    });
-    r
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
     need!();
-    let d = start("forkbomb", "pids_limit = 256");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("forkbomb", "pids_limit = 256").await;
     let bomb_id = ready_sandbox(&mut c, create_req("t", "bomb")).await;
     let other = ready_sandbox(&mut c, create_req("t", "bystander")).await;
     let limit = read_u64(&cgroup_file("pids", &bomb_id, "pids.max", "pids.max"));
@@ -172,13 +149,7 @@ async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
         pids_refusals(&bomb_id) > 0,
         "the bomb reached the pids limit"
     );
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: bomb_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &bomb_id).await;
     let status = SandboxStatus::try_from(desc.status).unwrap();
     eprintln!("bombed sandbox: {status:?} {}", desc.failure_reason);
     match status {
@@ -187,27 +158,19 @@ async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
         other => panic!("bombed sandbox is {other:?}"),
     }
     // The bombed sandbox can be destroyed with nothing left behind.
-    destroy(&mut c, &bomb_id).await;
-    assert_no_leftovers(&d, &bomb_id).await;
+    destroy_clean(&mut c, &d, &bomb_id).await;
     let o = exec(&mut c, exec_req(&other, "echo", &["still"]))
         .await
         .unwrap();
     assert_eq!(o.out(), "still\n");
-    destroy(&mut c, &other).await;
-    assert_no_leftovers(&d, &other).await;
+    destroy_clean(&mut c, &d, &other).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_exhaustion_stays_in_the_sandbox() {
     need!();
-    let d = start("memhog", "");
-    let mut c = d.client().await;
-    let mut req = create_req("t", "memhog");
-    req.limits = Some(pb::ResourceLimits {
-        memory_bytes: 128 << 20,
-        ..Default::default()
-    });
-    let id = ready_sandbox(&mut c, req).await;
+    let (d, mut c) = start_client("memhog", "").await;
+    let id = ready_sandbox(&mut c, with_limits(create_req("t", "memhog"), 0, 128 << 20)).await;
     let other = ready_sandbox(&mut c, create_req("t", "memok")).await;
     sh(&mut c, &id, "echo keep > /workspace/keep.txt").await;
 
@@ -225,13 +188,7 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
         String::from_utf8_lossy(&o.stderr)
     );
     // The sandbox survives and is usable; the other sandbox never noticed.
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(
         desc.status,
         SandboxStatus::Ready as i32,
@@ -246,13 +203,7 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
     let fill = "dd if=/dev/zero of=/tmp/fill bs=1M count=1024 2>&1; sleep 30";
     let o = exec(&mut c, timed(&id, "sh", &["-c", fill], 60)).await;
     eprintln!("tmpfs fill: {o:?}");
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     eprintln!(
         "after tmpfs fill: {:?} {}",
         SandboxStatus::try_from(desc.status),
@@ -285,8 +236,7 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
     }
     // The other sandbox still works.
     assert_eq!(sh(&mut c, &other, "echo fine").await, "fine\n");
-    destroy(&mut c, &id).await;
-    assert_no_leftovers(&d, &id).await;
+    destroy_clean(&mut c, &d, &id).await;
 }
 
 /// Free bytes of the filesystem holding `p`.
@@ -298,13 +248,8 @@ fn free_bytes(p: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn disk_fill_is_enospc_inside_only() {
     need!();
-    let d = start("diskfill", "");
-    let mut c = d.client().await;
-    let mut req = create_req("t", "diskfill");
-    req.workspace = Some(pb::WorkspaceSpec {
-        size: "64Mi".into(),
-        ..Default::default()
-    });
+    let (d, mut c) = start_client("diskfill", "").await;
+    let req = with_workspace(create_req("t", "diskfill"), "", "64Mi", "");
     let id = ready_sandbox(&mut c, req).await;
     let host_free = free_bytes(&d.state_dir());
 
@@ -394,21 +339,14 @@ async fn disk_fill_is_enospc_inside_only() {
         done.usage.unwrap().memory_peak_bytes > 200 << 20,
         "{done:?}"
     );
-    destroy(&mut c, &id).await;
-    assert_no_leftovers(&d, &id).await;
+    destroy_clean(&mut c, &d, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cpu_hog_does_not_starve_another_sandbox() {
     need!();
-    let d = start("cpuhog", "");
-    let mut c = d.client().await;
-    let mut req = create_req("t", "hog");
-    req.limits = Some(pb::ResourceLimits {
-        cpu_millis: 500,
-        ..Default::default()
-    });
-    let hog = ready_sandbox(&mut c, req).await;
+    let (_d, mut c) = start_client("cpuhog", "").await;
+    let hog = ready_sandbox(&mut c, with_limits(create_req("t", "hog"), 500, 0)).await;
     let victim = ready_sandbox(&mut c, create_req("t", "victim")).await;
 
     // Two busy loops in the hog: it would take both cores without its limit.
@@ -466,9 +404,7 @@ async fn cpu_hog_does_not_starve_another_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_network_but_loopback_and_no_way_to_the_host() {
     need!();
-    let d = start("escape", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "escape")).await;
+    let (d, mut c, id) = start_sandbox("escape", "").await;
 
     // Interfaces: loopback only.
     let dev = sh(&mut c, &id, "cat /proc/net/dev").await;

@@ -2,35 +2,19 @@
 //! agent's Python reaches for, the common tools, and imports that need no byte-compiling.
 //! Every check names what is missing, so an image without one of them fails here.
 
+#[macro_use]
 mod common;
 
 use std::time::Instant;
 
 use common::*;
-use computed::api::compute::v1 as pb;
-use tonic::transport::Channel;
-
-type Client = pb::compute_service_client::ComputeServiceClient<Channel>;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 
 /// Runs `command args` in the sandbox (a generous timeout: the first imports of the data
 /// stack read a lot from the image) and returns stdout, asserting exit 0.
 async fn run(c: &mut Client, id: &str, command: &str, args: &[&str]) -> String {
-    let mut req = exec_req(id, command, args);
-    req.timeout = Some(prost_types::Duration {
-        seconds: 120,
-        nanos: 0,
-    });
-    let o = exec(c, req).await.unwrap();
+    let o = exec(c, timed(id, command, args, 120)).await.unwrap();
     assert_eq!(
         o.code(),
         0,
@@ -45,27 +29,8 @@ async fn python(c: &mut Client, id: &str, script: &str) -> String {
     run(c, id, "python3", &["-c", script]).await
 }
 
-async fn write(c: &mut Client, id: &str, path: &str, data: &[u8]) {
-    c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.into(),
-        path: path.into(),
-        data: data.to_vec(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-}
-
 async fn read(c: &mut Client, id: &str, path: &str) -> Vec<u8> {
-    let r = c
-        .read_file(pb::ReadFileRequest {
-            sandbox_id: id.into(),
-            path: path.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = read_file(c, id, path).await;
     assert!(r.eof, "{path} read whole");
     r.data
 }
@@ -73,11 +38,9 @@ async fn read(c: &mut Client, id: &str, path: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn pandas_reads_a_csv_and_matplotlib_draws_a_png() {
     need!();
-    let d = start("image-data", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "image-data")).await;
+    let (_d, mut c, id) = start_sandbox("image-data", "").await;
 
-    write(
+    write_file(
         &mut c,
         &id,
         "data/sales.csv",
@@ -114,17 +77,13 @@ ax.figure.savefig('/workspace/out/plot.png', dpi=80)
     let kind = run(&mut c, &id, "file", &["-b", "/workspace/out/plot.png"]).await;
     assert!(kind.starts_with("PNG image data"), "file says: {kind}");
 
-    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
-        .await
-        .unwrap();
+    destroy(&mut c, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_common_tools_are_there_and_work() {
     need!();
-    let d = start("image-tools", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "image-tools")).await;
+    let (_d, mut c, id) = start_sandbox("image-tools", "").await;
 
     // All present (a clear list of what is missing rather than the first exit code 127).
     let tools = [
@@ -184,7 +143,7 @@ async fn the_common_tools_are_there_and_work() {
     // curl (file:// needs no network), jq, sqlite3, unzip, file, less, ps.
     let curled = run(&mut c, &id, "curl", &["-sS", "file:///etc/os-release"]).await;
     assert!(curled.contains("VERSION_CODENAME=bookworm"), "{curled}");
-    write(
+    write_file(
         &mut c,
         &id,
         "in.json",
@@ -277,17 +236,13 @@ async fn the_common_tools_are_there_and_work() {
         "7\t/workspace/copy/inner.txt\n-> /usr/bin/ls\n"
     );
 
-    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
-        .await
-        .unwrap();
+    destroy(&mut c, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_data_stack_imports_from_precompiled_bytecode() {
     need!();
-    let d = start("image-import", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "image-import")).await;
+    let (_d, mut c, id) = start_sandbox("image-import", "").await;
 
     // Timed inside the sandbox, so the exec's own overhead is not counted.
     let timed = "import time; t = time.perf_counter(); import numpy, pandas; \
@@ -338,7 +293,5 @@ async fn the_data_stack_imports_from_precompiled_bytecode() {
         "{cache}"
     );
 
-    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
-        .await
-        .unwrap();
+    destroy(&mut c, &id).await;
 }

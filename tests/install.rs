@@ -9,11 +9,15 @@
 //!   through `--restart-cmd`, and containerd proves it took the edit: it answers, its CRI
 //!   plugin loaded, and `containerd config dump` shows the runsc handler.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use common::{nothing_missing, which};
 
 const FAKE_RUNSC: &[u8] = b"#!/bin/sh\necho 'runsc version fake-1'\n";
 
@@ -377,23 +381,7 @@ fn real_containerd_prerequisites() -> bool {
             missing.push(format!("{bin} on PATH"));
         }
     }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("missing prerequisites: {}", missing.join(", "));
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-fn which(bin: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(bin))
-            .find(|p| p.is_file())
-    })
+    nothing_missing(&missing)
 }
 
 /// start / stop / restart of the private containerd, also the installer's `--restart-cmd`.

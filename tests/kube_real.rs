@@ -31,13 +31,17 @@
 //!
 //! Under `CI` missing tools fail the test; elsewhere it is skipped with the reason.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::router::{assert_router_args_accepted, flag};
+use common::{free_port, Killed};
 use computed::api::node::v1 as nodepb;
 use computed::router::discovery::watch_pods;
 use computed::router::NodeSet;
@@ -80,17 +84,9 @@ fn cache_dir() -> PathBuf {
         .join("kube-tools")
 }
 
-fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-}
-
 /// Fails (under CI) or skips (elsewhere) with `msg`.
 fn missing(msg: String) -> Option<PathBuf> {
-    if std::env::var_os("CI").is_some() {
-        panic!("kube_real: {msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
+    common::skip(&format!("kube_real: {msg}"));
     None
 }
 
@@ -105,7 +101,7 @@ fn prerequisites() -> Option<PathBuf> {
     lacking.extend(
         ["openssl", "curl", "xz", "python3"]
             .iter()
-            .filter(|b| !on_path(b))
+            .filter(|b| common::which(b).is_none())
             .map(|b| format!("{b} on PATH")),
     );
     if !lacking.is_empty() {
@@ -454,22 +450,20 @@ fn probes(v: &serde_json::Value, path: String, out: &mut Vec<(String, serde_json
     }
 }
 
+/// `kubectl apply` as the API server would apply it, changing nothing.
+const DRY_RUN: [&str; 4] = [
+    "apply",
+    "--server-side",
+    "--dry-run=server",
+    "--field-manager=computed-tests",
+];
+
 fn manifests_dry_run(c: &Cluster) {
     let versions = c.kubectl_ok(&["api-versions"], None);
     let has_policy_v1 = versions.lines().any(|l| l.trim() == "policy/v1");
 
     // runtimeclass/: every object, as is.
-    let out = c.kubectl_ok(
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--field-manager=computed-tests",
-            "-f",
-            "runtimeclass/",
-        ],
-        None,
-    );
+    let out = c.kubectl_ok(&[&DRY_RUN[..], &["-f", "runtimeclass/"]].concat(), None);
     assert!(
         out.contains("runtimeclass.node.k8s.io/gvisor serverside-applied (server dry run)"),
         "{out}"
@@ -499,19 +493,8 @@ fn manifests_dry_run(c: &Cluster) {
                 );
             }
         }
-        let out = c.kubectl(
-            &[
-                "apply",
-                "-k",
-                &format!("daemonset/{dir}"),
-                "--server-side",
-                "--dry-run=server",
-                "--field-manager=computed-tests",
-                "-o",
-                "name",
-            ],
-            None,
-        );
+        let kdir = format!("daemonset/{dir}");
+        let out = c.kubectl(&[&DRY_RUN[..], &["-k", &kdir, "-o", "name"]].concat(), None);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let applied: BTreeSet<String> = stdout.lines().map(|l| l.trim().to_string()).collect();
@@ -549,14 +532,7 @@ fn manifests_dry_run(c: &Cluster) {
         let mut old = pdbs[0].clone();
         old["apiVersion"] = "policy/v1beta1".into();
         let out = c.kubectl_ok(
-            &[
-                "apply",
-                "--server-side",
-                "--dry-run=server",
-                "--field-manager=computed-tests",
-                "-f",
-                "-",
-            ],
+            &[&DRY_RUN[..], &["-f", "-"]].concat(),
             Some(&to_yaml(&[&old])),
         );
         assert!(
@@ -583,42 +559,6 @@ fn config_table(cm: &ConfigMap) -> toml::Table {
     toml::from_str(text).unwrap_or_else(|e| panic!("config.toml: {e}"))
 }
 
-/// The value of `--flag V` or `--flag=V` in `args`.
-fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
-    let eq = format!("{flag}=");
-    args.iter().enumerate().find_map(|(i, a)| {
-        if a == flag {
-            args.get(i + 1).map(String::as_str)
-        } else {
-            a.strip_prefix(&eq)
-        }
-    })
-}
-
-/// The binary accepts the router's args (clap exits 2 on an unknown flag), TLS flags included.
-/// The router then stops at Kubernetes discovery: there is no kubeconfig.
-fn router_args_accepted(args: &[String], what: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_computed"))
-        .args(args)
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env("HOME", "/nonexistent")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env_remove("COMPUTE_CONFIG")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(
-        out.status.code(),
-        Some(2),
-        "{what}: router args refused: {err}"
-    );
-    assert!(
-        !err.contains("Usage:"),
-        "{what}: router args refused: {err}"
-    );
-}
-
 fn overlays(c: &Cluster) {
     let rendered: BTreeMap<&str, Vec<serde_yaml::Value>> =
         OVERLAYS.iter().map(|d| (*d, c.render(d))).collect();
@@ -635,7 +575,7 @@ fn overlays(c: &Cluster) {
         let rspec = router.spec.as_ref().unwrap().template.spec.clone().unwrap();
         let rc = container(&rspec, "router");
         let args = rc.args.clone().unwrap();
-        router_args_accepted(&args, dir);
+        assert_router_args_accepted(&args, dir);
 
         // The node config loads with the real loader, in every overlay.
         let cm: ConfigMap = typed(one(objs, "ConfigMap", "computed-node-config"));
@@ -871,6 +811,16 @@ const fn ask<'a>(verb: &'a str, resource: &'a str, namespace: &'a str) -> Ask<'a
     }
 }
 
+/// `a` on a subresource.
+const fn sub<'a>(subresource: &'a str, a: Ask<'a>) -> Ask<'a> {
+    Ask { subresource, ..a }
+}
+
+/// `a` in an API group.
+const fn group<'a>(group: &'a str, a: Ask<'a>) -> Ask<'a> {
+    Ask { group, ..a }
+}
+
 fn attrs(a: Ask) -> ResourceAttributes {
     let s = |x: &str| (!x.is_empty()).then(|| x.to_string());
     ResourceAttributes {
@@ -932,50 +882,41 @@ const NEVER: &[Ask] = &[
     ask("patch", "pods", NS),
     ask("update", "pods", NS),
     ask("deletecollection", "pods", NS),
-    Ask {
-        subresource: "status",
-        ..ask("patch", "pods", NS)
-    },
-    Ask {
-        subresource: "exec",
-        ..ask("create", "pods", NS)
-    },
-    Ask {
-        subresource: "eviction",
-        ..ask("create", "pods", NS)
-    },
+    sub("status", ask("patch", "pods", NS)),
+    sub("exec", ask("create", "pods", NS)),
+    sub("eviction", ask("create", "pods", NS)),
     ask("list", "pods", "default"),
     ask("list", "pods", "kube-system"),
     ask("list", "pods", ""),
     ask("patch", "nodes", ""),
     ask("update", "nodes", ""),
     ask("delete", "nodes", ""),
-    Ask {
-        subresource: "status",
-        ..ask("patch", "nodes", "")
-    },
+    sub("status", ask("patch", "nodes", "")),
     ask("create", "serviceaccounts", NS),
-    Ask {
-        subresource: "token",
-        ..ask("create", "serviceaccounts", NS)
-    },
-    Ask {
-        group: "apps",
-        ..ask("list", "daemonsets", NS)
-    },
-    Ask {
-        group: "apps",
-        ..ask("patch", "deployments", NS)
-    },
-    Ask {
-        group: "rbac.authorization.k8s.io",
-        ..ask("create", "roles", NS)
-    },
-    Ask {
-        group: "rbac.authorization.k8s.io",
-        ..ask("bind", "clusterroles", "")
-    },
+    sub("token", ask("create", "serviceaccounts", NS)),
+    group("apps", ask("list", "daemonsets", NS)),
+    group("apps", ask("patch", "deployments", NS)),
+    group("rbac.authorization.k8s.io", ask("create", "roles", NS)),
+    group("rbac.authorization.k8s.io", ask("bind", "clusterroles", "")),
 ];
+
+/// Asserts that the client may do each of `asks`; `who` names it in the message.
+async fn assert_may(client: &kube::Client, asks: impl IntoIterator<Item = Ask<'_>>, who: &str) {
+    for a in asks {
+        assert!(can_i(client, a).await, "{who} may not {}", describe(a));
+    }
+}
+
+/// Those of `asks` the client may do, described.
+async fn allowed(client: &kube::Client, asks: impl IntoIterator<Item = Ask<'_>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in asks {
+        if can_i(client, a).await {
+            out.push(describe(a));
+        }
+    }
+    out
+}
 
 /// The resource rules the client has in `namespace`, minus what every authenticated user has
 /// (system:basic-user: create self-subject reviews), as `resource -> verbs`.
@@ -1035,27 +976,10 @@ fn read_only(resources: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
 
 async fn rbac_base(c: &Cluster, router_kubeconfig: &Path) {
     let router = client_from(router_kubeconfig).await;
-    for a in [
-        ask("get", "pods", NS),
-        ask("list", "pods", NS),
-        ask("watch", "pods", NS),
-    ] {
-        assert!(
-            can_i(&router, a).await,
-            "the router may not {}",
-            describe(a)
-        );
-    }
-    let mut too_much = Vec::new();
-    for a in NEVER
-        .iter()
-        .copied()
-        .chain([ask("list", "nodes", ""), ask("watch", "nodes", "")])
-    {
-        if can_i(&router, a).await {
-            too_much.push(describe(a));
-        }
-    }
+    let reads = ["get", "list", "watch"].map(|verb| ask(verb, "pods", NS));
+    assert_may(&router, reads, "the router").await;
+    let nodes = [ask("list", "nodes", ""), ask("watch", "nodes", "")];
+    let too_much = allowed(&router, NEVER.iter().copied().chain(nodes)).await;
     assert!(too_much.is_empty(), "the base's router may {too_much:?}");
     assert_eq!(own_rules(&router, NS).await, read_only(&["pods"]));
     assert_eq!(own_rules(&router, "default").await, BTreeMap::new());
@@ -1123,23 +1047,9 @@ async fn rbac_base(c: &Cluster, router_kubeconfig: &Path) {
 
 async fn rbac_nodes(router_kubeconfig: &Path) {
     let router = client_from(router_kubeconfig).await;
-    for a in [
-        ask("get", "nodes", ""),
-        ask("list", "nodes", ""),
-        ask("watch", "nodes", ""),
-    ] {
-        assert!(
-            can_i(&router, a).await,
-            "with watch-nodes the router may not {}",
-            describe(a)
-        );
-    }
-    let mut too_much = Vec::new();
-    for a in NEVER {
-        if can_i(&router, *a).await {
-            too_much.push(describe(*a));
-        }
-    }
+    let reads = ["get", "list", "watch"].map(|verb| ask(verb, "nodes", ""));
+    assert_may(&router, reads, "with watch-nodes the router").await;
+    let too_much = allowed(&router, NEVER.iter().copied()).await;
     assert!(
         too_much.is_empty(),
         "with watch-nodes the router may {too_much:?}"
@@ -1176,6 +1086,19 @@ async fn set_ready(pods: &Api<Pod>, name: &str, ip: &str, ready: bool) {
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+}
+
+/// Deletion with no grace period.
+fn now() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    }
+}
+
+/// Deletes the pod at once (no grace period: no kubelet runs to finish it).
+async fn delete_now(pods: &Api<Pod>, name: &str) {
+    pods.delete(name, &now()).await.unwrap();
 }
 
 async fn make_node(nodes: &Api<Node>, name: &str) {
@@ -1228,15 +1151,9 @@ async fn discovery(c: &Cluster, router_kubeconfig: &Path) {
     let nodes: Api<Node> = Api::all(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     // A scenario before may have failed half-way: start with no pods.
-    pods.delete_collection(
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-        &Default::default(),
-    )
-    .await
-    .unwrap();
+    pods.delete_collection(&now(), &Default::default())
+        .await
+        .unwrap();
     for n in ["node-a", "node-b", "node-c"] {
         make_node(&nodes, n).await;
     }
@@ -1321,27 +1238,11 @@ async fn discovery(c: &Cluster, router_kubeconfig: &Path) {
         "the pod went at once; expected it Terminating"
     );
     wait_set(&mut rx, &[a, b], "node-c going away (pod Terminating)").await;
-    pods.delete(
-        "computed-node-c",
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    delete_now(&pods, "computed-node-c").await;
     wait_set(&mut rx, &[a, b], "node-c's pod removed").await;
 
     // A rollout replaces node-b's pod: the new one has another IP.
-    pods.delete(
-        "computed-node-b",
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    delete_now(&pods, "computed-node-b").await;
     wait_set(&mut rx, &[a], "node-b's old pod deleted").await;
     pods.create(
         &PostParams::default(),
@@ -1382,14 +1283,6 @@ impl nodepb::node_info_server::NodeInfo for FakeNode {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The status code of `GET path` on `addr`, or None if it does not answer.
 fn http_status(addr: &str, path: &str) -> Option<u16> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
@@ -1421,15 +1314,6 @@ async fn wait_status(addr: &str, path: &str, want: u16, what: &str, log: &Path) 
         "{what}: {path} is {last:?}, not {want}; router log:\n{}",
         tail(log, 30)
     );
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 async fn router_binary(c: &Cluster, router_kubeconfig: &Path) {
@@ -1503,15 +1387,7 @@ async fn router_binary(c: &Cluster, router_kubeconfig: &Path) {
         &log,
     )
     .await;
-    pods.delete(
-        "computed-node-local",
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    delete_now(&pods, "computed-node-local").await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("discovering nodes through Kubernetes") && text.contains("node ready"),

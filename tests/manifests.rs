@@ -7,10 +7,13 @@
 //! flags and config against the node's, probes. No cluster and no network needed; the overlays
 //! (rendered by kustomize) and a real API server are `tests/kube_real.rs`'s.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use common::router::{assert_router_args_accepted, flag};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Probe, Service, ServiceAccount,
@@ -174,20 +177,22 @@ fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
         .unwrap_or_else(|| panic!("no container {name}"))
 }
 
-fn subset(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> bool {
-    a.iter().all(|(k, v)| b.get(k) == Some(v))
+/// A selector's matchLabels (which it must have).
+fn match_labels(
+    s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) -> BTreeMap<String, String> {
+    s.match_labels.clone().unwrap()
 }
 
-/// The value of `--flag V` or `--flag=V` in `args`.
-fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
-    let eq = format!("{flag}=");
-    args.iter().enumerate().find_map(|(i, a)| {
-        if a == flag {
-            args.get(i + 1).map(String::as_str)
-        } else {
-            a.strip_prefix(&eq)
-        }
-    })
+/// The `app.kubernetes.io/KEY` label.
+fn label<'a>(labels: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
+    labels
+        .get(&format!("app.kubernetes.io/{key}"))
+        .map(String::as_str)
+}
+
+fn subset(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> bool {
+    a.iter().all(|(k, v)| b.get(k) == Some(v))
 }
 
 /// A label selector `k=v,k2=v2` as a map.
@@ -315,61 +320,23 @@ fn every_object_lives_in_one_namespace_applied_first() {
 fn selectors_match_their_pods() {
     let o = load();
     let ds = daemon_set(&o);
-    let ds_sel = ds
-        .spec
-        .as_ref()
-        .unwrap()
-        .selector
-        .match_labels
-        .clone()
-        .unwrap();
+    let ds_sel = match_labels(&ds.spec.as_ref().unwrap().selector);
     let node_labels = pod_labels(template_of_ds(ds));
     assert!(!ds_sel.is_empty() && subset(&ds_sel, &node_labels));
     assert_eq!(ds.metadata.name.as_deref(), Some("computed-node"));
-    assert_eq!(
-        node_labels
-            .get("app.kubernetes.io/name")
-            .map(String::as_str),
-        Some("computed-node")
-    );
-    assert_eq!(
-        node_labels
-            .get("app.kubernetes.io/part-of")
-            .map(String::as_str),
-        Some("compute")
-    );
+    assert_eq!(label(&node_labels, "name"), Some("computed-node"));
+    assert_eq!(label(&node_labels, "part-of"), Some("compute"));
 
     let d = router(&o);
-    let d_sel = d
-        .spec
-        .as_ref()
-        .unwrap()
-        .selector
-        .match_labels
-        .clone()
-        .unwrap();
+    let d_sel = match_labels(&d.spec.as_ref().unwrap().selector);
     let router_labels = pod_labels(template_of_deploy(d));
     assert!(!d_sel.is_empty() && subset(&d_sel, &router_labels));
-    assert_eq!(
-        router_labels
-            .get("app.kubernetes.io/name")
-            .map(String::as_str),
-        Some("computed-router")
-    );
+    assert_eq!(label(&router_labels, "name"), Some("computed-router"));
     // The two selectors never pick each other's pods.
     assert!(!subset(&ds_sel, &router_labels) && !subset(&d_sel, &node_labels));
 
     for p in &o.pdbs {
-        let sel = p
-            .spec
-            .as_ref()
-            .unwrap()
-            .selector
-            .as_ref()
-            .unwrap()
-            .match_labels
-            .clone()
-            .unwrap();
+        let sel = match_labels(p.spec.as_ref().unwrap().selector.as_ref().unwrap());
         assert!(subset(&sel, &router_labels), "PDB selects no router pod");
     }
 }
@@ -860,18 +827,5 @@ fn router_args_are_accepted_by_the_binary() {
         .args
         .clone()
         .unwrap();
-    // No cluster here: with no kubeconfig and no in-cluster environment the router stops at
-    // Kubernetes discovery, after clap has accepted (or refused, exit 2) every flag.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_computed"))
-        .args(&args)
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env("HOME", "/nonexistent")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env_remove("COMPUTE_CONFIG")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(2), "router args refused: {err}");
-    assert!(!err.contains("Usage:"), "router args refused: {err}");
+    assert_router_args_accepted(&args, "the base");
 }

@@ -1,15 +1,13 @@
 //! Metering accuracy against real containerd + runsc: CPU, memory, disk, sums, restarts, and
 //! the cost of metering itself.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
 use computed::api::common::v1::UsageMetrics;
-use computed::api::compute::v1 as pb;
-use pb::compute_service_client::ComputeServiceClient;
-use tonic::transport::Channel;
 
 /// Accuracy and cost measurements run alone (write lock); the other tests of this file share
 /// the machine (read lock). gVisor's own CPU accounting, the reference for the CPU test,
@@ -17,31 +15,11 @@ use tonic::transport::Channel;
 /// machine.
 static QUIET: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
+async fn lifetime(c: &mut Client, id: &str) -> UsageMetrics {
+    describe(c, id).await.current_usage.unwrap()
 }
 
-async fn lifetime(c: &mut ComputeServiceClient<Channel>, id: &str) -> UsageMetrics {
-    c.describe_sandbox(pb::DescribeSandboxRequest {
-        sandbox_id: id.into(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .current_usage
-    .unwrap()
-}
-
-async fn run(
-    c: &mut ComputeServiceClient<Channel>,
-    id: &str,
-    cmd: &str,
-    args: &[&str],
-) -> (String, UsageMetrics) {
+async fn run(c: &mut Client, id: &str, cmd: &str, args: &[&str]) -> (String, UsageMetrics) {
     let o = exec(c, exec_req(id, cmd, args)).await.unwrap();
     assert_eq!(
         o.code(),
@@ -62,12 +40,7 @@ fn busy(secs: f64) -> String {
 }
 
 /// Median of the (cgroup cpu_ms, process cpu ms) pairs of `n` runs, by cgroup cpu.
-async fn median_run(
-    c: &mut ComputeServiceClient<Channel>,
-    id: &str,
-    secs: f64,
-    n: usize,
-) -> (i64, i64) {
+async fn median_run(c: &mut Client, id: &str, secs: f64, n: usize) -> (i64, i64) {
     let mut runs = Vec::new();
     for _ in 0..n {
         let (out, u) = run(c, id, "python3", &["-c", &busy(secs)]).await;
@@ -81,9 +54,7 @@ async fn median_run(
 async fn cpu_is_within_ten_percent_of_the_process_cpu_time() {
     need!();
     let _alone = QUIET.write().await;
-    let d = start("mcpu", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "mcpu")).await;
+    let (_d, mut c, id) = start_sandbox("mcpu", "").await;
     // The fixed per-exec overhead: the same program with an empty loop (medians of 3 runs,
     // against the noise of a shared 2-core VM).
     let (cg0, own0) = median_run(&mut c, &id, 0.0, 3).await;
@@ -114,9 +85,7 @@ async fn cpu_is_within_ten_percent_of_the_process_cpu_time() {
 async fn memory_peak_is_per_exec() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("mmem", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "mmem")).await;
+    let (_d, mut c, id) = start_sandbox("mmem", "").await;
     let alloc = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
                  import time; time.sleep(0.3)";
     let (_, u) = run(&mut c, &id, "python3", &["-c", alloc]).await;
@@ -150,9 +119,7 @@ async fn memory_peak_is_per_exec() {
 async fn disk_bytes_are_within_five_percent() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("mdisk", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "mdisk")).await;
+    let (_d, mut c, id) = start_sandbox("mdisk", "").await;
     let mib64 = 64u64 << 20;
     let (_, u) = run(
         &mut c,
@@ -186,9 +153,7 @@ async fn disk_bytes_are_within_five_percent() {
 async fn per_exec_sums_never_exceed_the_sandbox_total() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("msum", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "msum")).await;
+    let (d, mut c, id) = start_sandbox("msum", "").await;
     // The idle rate, measured first.
     let a = lifetime(&mut c, &id).await.cpu_ms;
     let t = Instant::now();
@@ -247,11 +212,11 @@ async fn per_exec_sums_never_exceed_the_sandbox_total() {
 async fn usage_is_monotonic_across_restarts_and_kept_after_destroy() {
     need!();
     let _shared = QUIET.read().await;
-    let mut d = start(
+    let (mut d, mut c) = start_client(
         "mrestart",
         "usage_persist_secs = 1\nmeter_interval_ms = 200",
-    );
-    let mut c = d.client().await;
+    )
+    .await;
     let id = ready_sandbox(&mut c, create_req("t", "mrestart")).await;
     run(
         &mut c,
@@ -282,27 +247,13 @@ async fn usage_is_monotonic_across_restarts_and_kept_after_destroy() {
     assert!(after.disk_write_bytes >= before.disk_write_bytes);
     assert!(after.disk_read_bytes >= before.disk_read_bytes);
     assert!(after.memory_avg_bytes > 0);
-    let total = c
-        .destroy_sandbox(pb::DestroySandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .total_usage
-        .unwrap();
+    let total = destroy(&mut c, &id).await.total_usage.unwrap();
     assert!(total.cpu_ms >= after.cpu_ms && total.disk_write_bytes >= after.disk_write_bytes);
     // The destroyed sandbox's lifetime usage is still readable, also after a restart.
     d.kill9();
     d.spawn();
     let mut c = d.client().await;
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(desc.status, SandboxStatus::Destroyed as i32);
     assert_eq!(desc.current_usage.unwrap(), total);
 }
@@ -319,20 +270,12 @@ fn proc_cpu_ms(pid: u32) -> u64 {
 async fn metering_fifty_idle_sandboxes_costs_under_one_percent_of_a_core() {
     need!();
     let _alone = QUIET.write().await;
-    let d = start("mcost", "");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("mcost", "").await;
     let mut ids = Vec::new();
     for i in 0..50 {
-        let mut req = create_req("t", &format!("idle{i}"));
-        req.limits = Some(pb::ResourceLimits {
-            memory_bytes: 64 << 20,
-            ..Default::default()
-        });
-        req.workspace = Some(pb::WorkspaceSpec {
-            size: "64Mi".into(),
-            ..Default::default()
-        });
-        ids.push(c.create_sandbox(req).await.unwrap().into_inner().sandbox_id);
+        let req = with_limits(create_req("t", &format!("idle{i}")), 0, 64 << 20);
+        let req = with_workspace(req, "", "64Mi", "");
+        ids.push(create(&mut c, req).await.sandbox_id);
     }
     for id in &ids {
         wait_status(&mut c, id, SandboxStatus::Ready, Duration::from_secs(120)).await;
@@ -373,13 +316,12 @@ fn series(text: &str, name: &str, needles: &[&str]) -> Option<f64> {
 async fn prometheus_metrics_cover_usage_status_rpcs_execs_and_containerd_errors() {
     need!();
     let _shared = QUIET.read().await;
-    let d = start("mprom", "meter_interval_ms = 200");
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("mprom", "meter_interval_ms = 200").await;
     let id = ready_sandbox(&mut c, create_req("tenant-p", "mprom")).await;
     run(&mut c, &id, "python3", &["-c", "sum(range(1_000_000))"]).await;
     let mut bad = create_req("tenant-p", "bad");
     bad.image = "compute.local/none:1".into();
-    let bad_id = c.create_sandbox(bad).await.unwrap().into_inner().sandbox_id;
+    let bad_id = create(&mut c, bad).await.sandbox_id;
     wait_status(
         &mut c,
         &bad_id,
@@ -387,11 +329,7 @@ async fn prometheus_metrics_cover_usage_status_rpcs_execs_and_containerd_errors(
         Duration::from_secs(20),
     )
     .await;
-    let _ = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: "nope".into(),
-        })
-        .await;
+    let _ = try_describe(&mut c, "nope").await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     let text = d.scrape();
     let sb = format!("sandbox_id=\"{id}\"");
@@ -449,11 +387,7 @@ async fn prometheus_metrics_cover_usage_status_rpcs_execs_and_containerd_errors(
             >= 1.0
     );
     // Destroyed sandboxes leave the per-sandbox series.
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c, &id).await;
     let text = d.scrape();
     assert!(!text.contains(&sb), "destroyed sandbox still exported");
 }

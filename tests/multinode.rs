@@ -1,35 +1,28 @@
 //! The cluster on one machine: three node daemons (each with its own containerd namespace,
 //! state and ports) behind two router replicas with a static node list.
 
+#[macro_use]
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::relay::{harness, req, run, worker};
 use common::router::RouterProc;
 use common::*;
 use computed::api::compute::v1 as pb;
 use pb::compute_service_client::ComputeServiceClient;
-use tonic::transport::Channel;
 use tonic::Code;
 
 /// Which node daemon owns a sandbox, by asking each directly.
 async fn owner(nodes: &[Daemon], id: &str) -> Option<usize> {
     for (i, d) in nodes.iter().enumerate() {
-        let Ok(ch) = Channel::from_shared(format!("http://{}", d.addr))
-            .unwrap()
-            .connect()
-            .await
-        else {
+        let Ok(ch) = try_channel(&d.addr).await else {
             continue; // a killed node
         };
-        let mut c = ComputeServiceClient::new(ch);
-        if c.describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.into(),
-        })
-        .await
-        .is_ok()
+        if try_describe(&mut ComputeServiceClient::new(ch), id)
+            .await
+            .is_ok()
         {
             return Some(i);
         }
@@ -39,9 +32,7 @@ async fn owner(nodes: &[Daemon], id: &str) -> Option<usize> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn three_nodes_two_routers() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     let mut nodes: Vec<Daemon> = ["a", "b", "c"]
         .iter()
         .map(|n| {
@@ -69,10 +60,8 @@ async fn three_nodes_two_routers() {
     for i in 0..12 {
         let c = if i % 2 == 0 { &mut c1 } else { &mut c2 };
         ids.push(
-            c.create_sandbox(create_req("t", &format!("spread-{i}")))
+            create(c, create_req("t", &format!("spread-{i}")))
                 .await
-                .unwrap()
-                .into_inner()
                 .sandbox_id,
         );
     }
@@ -86,21 +75,15 @@ async fn three_nodes_two_routers() {
     let mut dc = drain.client().await;
     for id in &ids {
         assert!(
-            dc.describe_sandbox(pb::DescribeSandboxRequest {
-                sandbox_id: id.clone()
-            })
-            .await
-            .is_err(),
+            try_describe(&mut dc, id).await.is_err(),
             "a sandbox was placed on the draining node"
         );
     }
     // The draining node refuses a direct create too.
-    assert_eq!(
-        dc.create_sandbox(create_req("t", "direct"))
-            .await
-            .unwrap_err()
-            .code(),
-        Code::Unavailable
+    assert_code(
+        dc.create_sandbox(create_req("t", "direct")).await,
+        Code::Unavailable,
+        "create on the draining node",
     );
 
     // Every RPC through either replica.
@@ -109,73 +92,33 @@ async fn three_nodes_two_routers() {
         .await
         .unwrap();
     assert_eq!(o.out(), "42\n");
-    c1.write_file(pb::WriteFileRequest {
-        sandbox_id: id.clone(),
-        path: "r.txt".into(),
-        data: b"via router".to_vec(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let r = c2
-        .read_file(pb::ReadFileRequest {
-            sandbox_id: id.clone(),
-            path: "r.txt".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner().data, b"via router");
-    let l = c2
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: ".".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(l.into_inner().entries.len(), 1);
-    let d = c1
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    write_file(&mut c1, &id, "r.txt", b"via router").await;
+    assert_eq!(read_file(&mut c2, &id, "r.txt").await.data, b"via router");
+    assert_eq!(
+        list_files(&mut c2, list_req(&id, ".")).await.entries.len(),
+        1
+    );
+    let d = describe(&mut c1, &id).await;
     assert_eq!(d.status, SandboxStatus::Ready as i32);
     // Errors pass through with their codes.
     let unknown = uuid::Uuid::new_v4().to_string();
-    assert_eq!(
-        c1.describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: unknown
-        })
-        .await
-        .unwrap_err()
-        .code(),
-        Code::NotFound
+    assert_code(
+        try_describe(&mut c1, &unknown).await,
+        Code::NotFound,
+        "describe an unknown id",
     );
-    assert_eq!(
-        c1.describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: "x".into()
-        })
-        .await
-        .unwrap_err()
-        .code(),
-        Code::InvalidArgument
+    assert_code(
+        try_describe(&mut c1, "x").await,
+        Code::InvalidArgument,
+        "describe a malformed id",
     );
-    assert_eq!(
-        c2.create_sandbox(create_req("", "s"))
-            .await
-            .unwrap_err()
-            .code(),
-        Code::InvalidArgument
+    assert_code(
+        c2.create_sandbox(create_req("", "s")).await,
+        Code::InvalidArgument,
+        "create without a tenant",
     );
     // Streaming and cancellation pass through: the node sees the client go away.
-    let mut s = c1
-        .exec_command(exec_req(&id, "sh", &["-c", "echo started; sleep 30"]))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = sh_stream(&mut c1, &id, "echo started; sleep 30").await;
     assert!(s.message().await.unwrap().is_some());
     drop(s);
     let owner_idx = owner(&nodes, &id).await.unwrap();
@@ -197,14 +140,7 @@ async fn three_nodes_two_routers() {
     r1.wait_nodes().await;
     let mut c1 = r1.client().await;
     for id in &ids {
-        let d = c1
-            .describe_sandbox(pb::DescribeSandboxRequest {
-                sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(&d.sandbox_id, id);
+        assert_eq!(&describe(&mut c1, id).await.sandbox_id, id);
     }
     let o = exec(&mut c1, exec_req(&ids[1], "echo", &["after restart"]))
         .await
@@ -220,17 +156,8 @@ async fn three_nodes_two_routers() {
             r2.addr.clone()
         };
         handles.push(tokio::spawn(async move {
-            let ch = Channel::from_shared(format!("http://{addr}"))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            ComputeServiceClient::new(ch)
-                .create_sandbox(create_req("t", "storm"))
-                .await
-                .unwrap()
-                .into_inner()
-                .sandbox_id
+            let mut c = ComputeServiceClient::new(channel(&addr).await);
+            create(&mut c, create_req("t", "storm")).await.sandbox_id
         }));
     }
     let mut storm = HashSet::new();
@@ -252,59 +179,11 @@ async fn three_nodes_two_routers() {
     for d in nodes[1..].iter().chain([&drain]) {
         common::relay_token(d, &ext, Some(&token));
     }
-    let mut worker = Command::new(common::agent_binary())
-        .env("RELAY_TOKEN", &token)
-        .args([
-            "--relay",
-            &r1.addr,
-            "--sandbox-id",
-            &ext,
-            "--heartbeat",
-            "0.5",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let ch = Channel::from_shared(format!("http://{}", r2.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut h = computed::api::sandbox::v1::sandbox_exec_client::SandboxExecClient::new(ch);
-    let req = computed::api::sandbox::v1::ExecRequest {
-        sandbox_id: ext.clone(),
-        exec: Some(computed::api::sandbox::v1::Exec {
-            req_id: 1,
-            command: "echo through-the-router".into(),
-            stdin: vec![],
-            timeout_s: 10,
-            streaming: true,
-        }),
-    };
-    let t = Instant::now();
-    let mut out = String::new();
-    loop {
-        match h.exec(req.clone()).await {
-            Ok(s) => {
-                let mut s = s.into_inner();
-                while let Some(ev) = s.message().await.unwrap() {
-                    if let Some(computed::api::sandbox::v1::exec_event::Event::Chunk(c)) = ev.event
-                    {
-                        out.push_str(&String::from_utf8_lossy(&c.data));
-                    }
-                }
-                break;
-            }
-            Err(e) if e.code() == Code::Unavailable && t.elapsed() < Duration::from_secs(10) => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(e) => panic!("relay exec through the router: {e:?}"),
-        }
-    }
-    assert_eq!(out, "through-the-router\n");
-    let _ = worker.kill();
-    let _ = worker.wait();
+    let w = worker(&r1.addr, &ext, &token, &["--heartbeat", "0.5"]);
+    let mut h = harness(&r2.addr).await;
+    let out = run(&mut h, req(&ext, 1, "echo through-the-router", true)).await;
+    assert_eq!(out.output(), "through-the-router\n");
+    drop(w);
 
     // A node that is gone: its sandboxes fail fast with UNAVAILABLE, the others keep working,
     // and new sandboxes go elsewhere.
@@ -324,13 +203,11 @@ async fn three_nodes_two_routers() {
     tokio::time::sleep(Duration::from_secs(5)).await; // routers notice the node is gone
     for c in [&mut c1, &mut c2] {
         let t = Instant::now();
-        let e = c
-            .describe_sandbox(pb::DescribeSandboxRequest {
-                sandbox_id: on_victim.clone(),
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert_code(
+            try_describe(c, &on_victim).await,
+            Code::Unavailable,
+            "describe on the killed node",
+        );
         assert!(
             t.elapsed() < Duration::from_secs(3),
             "took {:?}",
@@ -342,11 +219,8 @@ async fn three_nodes_two_routers() {
         assert_eq!(o.out(), "fine\n");
     }
     for i in 0..6 {
-        let id = c2
-            .create_sandbox(create_req("t", &format!("after-kill-{i}")))
+        let id = create(&mut c2, create_req("t", &format!("after-kill-{i}")))
             .await
-            .unwrap()
-            .into_inner()
             .sandbox_id;
         let at = owner(&nodes, &id).await;
         assert!(
@@ -357,12 +231,5 @@ async fn three_nodes_two_routers() {
     // Bring the node back (its sandboxes were never lost: it recovers them from containerd).
     nodes[victim].spawn();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let d = c1
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: on_victim.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(d.status, SandboxStatus::Ready as i32);
+    assert_eq!(status_of(&mut c1, &on_victim).await, SandboxStatus::Ready);
 }

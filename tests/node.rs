@@ -1,5 +1,6 @@
 //! End-to-end tests of the node daemon against real containerd and real runsc.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -8,24 +9,10 @@ use common::*;
 use computed::api::compute::v1 as pb;
 use tonic::Code;
 
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
-
-fn code_of<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> Code {
-    r.expect_err("expected an error").code()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sandbox_runs_under_gvisor_not_the_host_kernel() {
     need!();
-    let d = start("gvisor", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "gvisor")).await;
+    let (_d, mut c, id) = start_sandbox("gvisor", "").await;
     let inside = sh(&mut c, &id, "cat /proc/version; dmesg").await;
     let host = std::fs::read_to_string("/proc/version").unwrap();
     assert_ne!(inside.lines().next().unwrap().trim(), host.trim());
@@ -35,21 +22,14 @@ async fn sandbox_runs_under_gvisor_not_the_host_kernel() {
     );
     // The host sees runsc processes for this sandbox.
     assert!(!processes_mentioning(&id).is_empty());
-    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
-        .await
-        .unwrap();
+    destroy(&mut c, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lifecycle_exec_files_and_no_leftovers() {
     need!();
-    let d = start("lifecycle", "");
-    let mut c = d.client().await;
-    let created = c
-        .create_sandbox(create_req("tenant-a", "session-1"))
-        .await
-        .unwrap()
-        .into_inner();
+    let (d, mut c) = start_client("lifecycle", "").await;
+    let created = create(&mut c, create_req("tenant-a", "session-1")).await;
     assert_eq!(created.status, SandboxStatus::Starting as i32);
     assert!(created.created_at.is_some());
     let id = created.sandbox_id.clone();
@@ -94,50 +74,21 @@ async fn lifecycle_exec_files_and_no_leftovers() {
     assert_eq!(o.code(), 7);
 
     // Host-side files are seen inside and the reverse.
-    c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.clone(),
-        path: "result.txt".into(),
-        data: b"hello world\n".to_vec(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    write_file(&mut c, &id, "result.txt", b"hello world\n").await;
     assert_eq!(
         sh(&mut c, &id, "cat /workspace/result.txt").await,
         "hello world\n"
     );
     sh(&mut c, &id, "echo from-inside > /workspace/inside.txt").await;
-    let r = c
-        .read_file(pb::ReadFileRequest {
-            sandbox_id: id.clone(),
-            path: "inside.txt".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = read_file(&mut c, &id, "inside.txt").await;
     assert_eq!(r.data, b"from-inside\n");
     assert!(r.eof);
-    let l = c
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: ".".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let l = list_files(&mut c, list_req(&id, ".")).await;
     let names: Vec<_> = l.entries.iter().map(|e| e.path.as_str()).collect();
     assert_eq!(names, vec!["inside.txt", "result.txt"]);
 
     // Describe.
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(desc.status, SandboxStatus::Ready as i32);
     assert_eq!(desc.tenant_id, "tenant-a");
     assert_eq!(desc.session_id, "session-1");
@@ -150,13 +101,7 @@ async fn lifecycle_exec_files_and_no_leftovers() {
         !cgroups_of(&id).is_empty(),
         "sandbox cgroup exists while it runs"
     );
-    let t = c
-        .destroy_sandbox(pb::DestroySandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let t = destroy(&mut c, &id).await;
     assert_eq!(t.sandbox_id, id);
     let total = t.total_usage.unwrap();
     assert!(total.cpu_ms >= cum.cpu_ms);
@@ -194,127 +139,73 @@ async fn lifecycle_exec_files_and_no_leftovers() {
     assert!(tomb["delete_after"].as_str().unwrap() > tomb["destroyed_at"].as_str().unwrap());
 
     // After destroy: DESTROYED, exec and files FAILED_PRECONDITION, destroy again is idempotent.
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(desc.status, SandboxStatus::Destroyed as i32);
-    assert_eq!(
-        code_of(exec(&mut c, exec_req(&id, "true", &[])).await),
-        Code::FailedPrecondition
+    assert_code(
+        exec(&mut c, exec_req(&id, "true", &[])).await,
+        Code::FailedPrecondition,
+        "exec after destroy",
     );
-    assert_eq!(
-        code_of(
-            c.read_file(pb::ReadFileRequest {
-                sandbox_id: id.clone(),
-                path: "result.txt".into(),
-                ..Default::default()
-            })
-            .await
-        ),
-        Code::FailedPrecondition
+    assert_code(
+        try_read_file(&mut c, &id, "result.txt").await,
+        Code::FailedPrecondition,
+        "read after destroy",
     );
-    let again = c
-        .destroy_sandbox(pb::DestroySandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = destroy(&mut c, &id).await;
     assert_eq!(again.total_usage.unwrap(), total);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_error_row_of_the_spec() {
     need!();
-    let d = start("errors", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("errors", "").await;
     let unknown = uuid::Uuid::new_v4().to_string();
 
+    use Code::{FailedPrecondition, InvalidArgument, NotFound, PermissionDenied};
+
     // CreateSandbox
-    assert_eq!(
-        code_of(c.create_sandbox(create_req("", "s")).await),
-        Code::InvalidArgument
-    );
-    assert_eq!(
-        code_of(c.create_sandbox(create_req("t", "")).await),
-        Code::InvalidArgument
-    );
-    let mut bad_mount = create_req("t", "bad-mount");
-    bad_mount.workspace = Some(pb::WorkspaceSpec {
-        mount_path: "relative/path".into(),
-        ..Default::default()
-    });
-    assert_eq!(
-        code_of(c.create_sandbox(bad_mount).await),
-        Code::InvalidArgument
-    );
-    let mut bad_size = create_req("t", "bad-size");
-    bad_size.workspace = Some(pb::WorkspaceSpec {
-        size: "lots".into(),
-        ..Default::default()
-    });
-    assert_eq!(
-        code_of(c.create_sandbox(bad_size).await),
-        Code::InvalidArgument
-    );
+    let creates = [
+        ("no tenant", create_req("", "s")),
+        ("no session", create_req("t", "")),
+        (
+            "relative mount path",
+            with_workspace(create_req("t", "bad-mount"), "", "", "relative/path"),
+        ),
+        (
+            "unparsable size",
+            with_workspace(create_req("t", "bad-size"), "", "lots", ""),
+        ),
+    ];
+    for (what, req) in creates {
+        assert_code(c.create_sandbox(req).await, InvalidArgument, what);
+    }
 
     // DescribeSandbox / DestroySandbox
-    for bad in ["", "not-a-uuid", "123"] {
-        assert_eq!(
-            code_of(
-                c.describe_sandbox(pb::DescribeSandboxRequest {
-                    sandbox_id: bad.into()
-                })
-                .await
-            ),
-            Code::InvalidArgument
-        );
-        assert_eq!(
-            code_of(
-                c.destroy_sandbox(pb::DestroySandboxRequest {
-                    sandbox_id: bad.into()
-                })
-                .await
-            ),
-            Code::InvalidArgument
-        );
+    for (bad, code) in [
+        ("", InvalidArgument),
+        ("not-a-uuid", InvalidArgument),
+        ("123", InvalidArgument),
+        (unknown.as_str(), NotFound),
+    ] {
+        let what = format!("describe {bad:?}");
+        assert_code(try_describe(&mut c, bad).await, code, &what);
+        let what = format!("destroy {bad:?}");
+        assert_code(try_destroy(&mut c, bad).await, code, &what);
     }
-    assert_eq!(
-        code_of(
-            c.describe_sandbox(pb::DescribeSandboxRequest {
-                sandbox_id: unknown.clone()
-            })
-            .await
-        ),
-        Code::NotFound
-    );
-    assert_eq!(
-        code_of(
-            c.destroy_sandbox(pb::DestroySandboxRequest {
-                sandbox_id: unknown.clone()
-            })
-            .await
-        ),
-        Code::NotFound
-    );
 
     // ExecCommand
-    assert_eq!(
-        code_of(exec(&mut c, exec_req("nope", "true", &[])).await),
-        Code::InvalidArgument
-    );
-    assert_eq!(
-        code_of(exec(&mut c, exec_req(&unknown, "true", &[])).await),
-        Code::NotFound
-    );
+    for (id, command, code) in [
+        ("nope", "true", InvalidArgument),
+        (&unknown, "true", NotFound),
+    ] {
+        let what = format!("exec {command:?} in {id:?}");
+        assert_code(exec(&mut c, exec_req(id, command, &[])).await, code, &what);
+    }
     let id = ready_sandbox(&mut c, create_req("t", "errors")).await;
-    assert_eq!(
-        code_of(exec(&mut c, exec_req(&id, "", &[])).await),
-        Code::InvalidArgument
+    assert_code(
+        exec(&mut c, exec_req(&id, "", &[])).await,
+        InvalidArgument,
+        "exec with no command",
     );
     // A command that does not exist completes with a non-zero code rather than hanging.
     let o = exec(&mut c, exec_req(&id, "/no/such/binary", &[]))
@@ -326,58 +217,28 @@ async fn every_error_row_of_the_spec() {
     // FAILED_PRECONDITION.
     let mut bad_image = create_req("t", "bad-image");
     bad_image.image = "compute.local/no-such-image:1".into();
-    let failed = c.create_sandbox(bad_image).await.unwrap().into_inner();
+    let failed = create(&mut c, bad_image).await;
     assert_eq!(failed.status, SandboxStatus::Starting as i32);
-    let desc = wait_status(
+    wait_failed(
         &mut c,
         &failed.sandbox_id,
-        SandboxStatus::Failed,
         Duration::from_secs(20),
+        "no-such-image",
     )
     .await;
-    assert!(
-        desc.failure_reason.contains("no-such-image"),
-        "{}",
-        desc.failure_reason
-    );
-    assert_eq!(
-        code_of(exec(&mut c, exec_req(&failed.sandbox_id, "true", &[])).await),
-        Code::FailedPrecondition
+    assert_code(
+        exec(&mut c, exec_req(&failed.sandbox_id, "true", &[])).await,
+        FailedPrecondition,
+        "exec in a FAILED sandbox",
     );
     // Destroying a FAILED sandbox works.
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: failed.sandbox_id.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c, &failed.sandbox_id).await;
 
     // Workspace I/O
-    let read = |path: &str| pb::ReadFileRequest {
-        sandbox_id: id.clone(),
-        path: path.into(),
-        ..Default::default()
-    };
-    assert_eq!(
-        code_of(
-            c.read_file(pb::ReadFileRequest {
-                sandbox_id: "x".into(),
-                ..read("a")
-            })
-            .await
-        ),
-        Code::InvalidArgument
-    );
-    assert_eq!(
-        code_of(c.read_file(read("../etc/passwd")).await),
-        Code::InvalidArgument
-    );
-    assert_eq!(
-        code_of(c.read_file(read("a/../../x")).await),
-        Code::InvalidArgument
-    );
-    assert_eq!(
-        code_of(c.read_file(read("missing.txt")).await),
-        Code::NotFound
+    assert_code(
+        try_read_file(&mut c, "x", "a").await,
+        InvalidArgument,
+        "read with a malformed id",
     );
     sh(
         &mut c,
@@ -385,38 +246,26 @@ async fn every_error_row_of_the_spec() {
         "ln -s / /workspace/root-link; ln -s /etc/passwd /workspace/passwd-link",
     )
     .await;
-    assert_eq!(
-        code_of(c.read_file(read("root-link/etc/passwd")).await),
-        Code::PermissionDenied
-    );
-    assert_eq!(
-        code_of(c.read_file(read("passwd-link")).await),
-        Code::PermissionDenied
-    );
-    assert_eq!(
-        code_of(
-            c.write_file(pb::WriteFileRequest {
-                sandbox_id: id.clone(),
-                path: "root-link/tmp/owned".into(),
-                data: b"x".to_vec(),
-                ..Default::default()
-            })
-            .await
-        ),
-        Code::PermissionDenied
+    for (path, code) in [
+        ("../etc/passwd", InvalidArgument),
+        ("a/../../x", InvalidArgument),
+        ("missing.txt", NotFound),
+        ("root-link/etc/passwd", PermissionDenied),
+        ("passwd-link", PermissionDenied),
+    ] {
+        let what = format!("read {path:?}");
+        assert_code(try_read_file(&mut c, &id, path).await, code, &what);
+    }
+    assert_code(
+        try_write_file(&mut c, &id, "root-link/tmp/owned", b"x").await,
+        PermissionDenied,
+        "write through a link to /",
     );
     assert!(!std::path::Path::new("/tmp/owned").exists());
-    assert_eq!(
-        code_of(
-            c.write_file(pb::WriteFileRequest {
-                sandbox_id: id.clone(),
-                path: "big".into(),
-                data: vec![0; (16 << 20) + 1],
-                ..Default::default()
-            })
-            .await
-        ),
-        Code::InvalidArgument
+    assert_code(
+        try_write_file(&mut c, &id, "big", vec![0; (16 << 20) + 1]).await,
+        InvalidArgument,
+        "write over 16 MiB",
     );
 }
 
@@ -424,17 +273,12 @@ async fn every_error_row_of_the_spec() {
 async fn exec_waits_for_ready_and_gives_up_with_deadline_exceeded() {
     need!();
     // ready_wait_secs = 0: an exec on a STARTING sandbox gives up at once.
-    let d = start("deadline", "ready_wait_secs = 0");
-    let mut c = d.client().await;
-    let id = c
-        .create_sandbox(create_req("t", "deadline"))
-        .await
-        .unwrap()
-        .into_inner()
-        .sandbox_id;
-    assert_eq!(
-        code_of(exec(&mut c, exec_req(&id, "true", &[])).await),
-        Code::DeadlineExceeded
+    let (_d, mut c) = start_client("deadline", "ready_wait_secs = 0").await;
+    let id = create(&mut c, create_req("t", "deadline")).await.sandbox_id;
+    assert_code(
+        exec(&mut c, exec_req(&id, "true", &[])).await,
+        Code::DeadlineExceeded,
+        "exec on a STARTING sandbox",
     );
     wait_status(&mut c, &id, SandboxStatus::Ready, Duration::from_secs(30)).await;
     assert_eq!(
@@ -449,18 +293,8 @@ async fn exec_waits_for_ready_and_gives_up_with_deadline_exceeded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn output_streams_as_it_is_produced() {
     need!();
-    let d = start("stream", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "stream")).await;
-    let mut stream = c
-        .exec_command(exec_req(
-            &id,
-            "sh",
-            &["-c", "echo first; sleep 2; echo second"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let (_d, mut c, id) = start_sandbox("stream", "").await;
+    let mut stream = sh_stream(&mut c, &id, "echo first; sleep 2; echo second").await;
     let t0 = Instant::now();
     let mut first_at = None;
     let mut completed_at = None;
@@ -488,16 +322,9 @@ async fn output_streams_as_it_is_produced() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_kills_the_exec() {
     need!();
-    let d = start("timeout", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "timeout")).await;
-    let mut req = exec_req(&id, "sleep", &["30"]);
-    req.timeout = Some(prost_types::Duration {
-        seconds: 1,
-        nanos: 0,
-    });
+    let (_d, mut c, id) = start_sandbox("timeout", "").await;
     let t0 = Instant::now();
-    let o = exec(&mut c, req).await.unwrap();
+    let o = exec(&mut c, timed(&id, "sleep", &["30"], 1)).await.unwrap();
     let done = o.completed.unwrap();
     assert!(done.timed_out);
     assert_eq!(done.exit_code, 137);
@@ -529,21 +356,17 @@ async fn cancellation_through_the_agent_sends_sigterm_then_sigkill() {
 
 /// Through containerd exec (`agent = false`) or the in-sandbox agent.
 async fn cancellation(agent: bool) {
-    let d = start(
+    let (d, mut c) = start_client(
         if agent { "cancel-agent" } else { "cancel" },
         &format!("cancel_grace_secs = 2\nagent = {agent}"),
-    );
-    let mut c = d.client().await;
+    )
+    .await;
     let id = ready_sandbox(&mut c, create_req("t", "cancel")).await;
 
     // A process that handles SIGTERM: it gets the signal when the client cancels.
     let script = "trap 'echo term > /workspace/got-term; exit 0' TERM; echo started; \
                   while :; do sleep 0.1; done";
-    let mut stream = c
-        .exec_command(exec_req(&id, "sh", &["-c", script]))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = sh_stream(&mut c, &id, script).await;
     let first = stream.message().await.unwrap().unwrap();
     assert!(matches!(
         first.event,
@@ -552,15 +375,8 @@ async fn cancellation(agent: bool) {
     drop(stream);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let r = c
-            .read_file(pb::ReadFileRequest {
-                sandbox_id: id.clone(),
-                path: "got-term".into(),
-                ..Default::default()
-            })
-            .await;
-        if let Ok(r) = r {
-            assert_eq!(r.into_inner().data, b"term\n");
+        if let Ok(r) = try_read_file(&mut c, &id, "got-term").await {
+            assert_eq!(r.data, b"term\n");
             break;
         }
         assert!(
@@ -573,11 +389,7 @@ async fn cancellation(agent: bool) {
     // A process that ignores SIGTERM is killed after the grace period.
     let script =
         "trap '' TERM; echo started; while :; do date +%s%N > /workspace/beat; sleep 0.1; done";
-    let mut stream = c
-        .exec_command(exec_req(&id, "sh", &["-c", script]))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = sh_stream(&mut c, &id, script).await;
     stream.message().await.unwrap().unwrap();
     drop(stream);
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -603,13 +415,8 @@ async fn cancellation(agent: bool) {
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_limit_kills_the_exec_not_the_sandbox() {
     need!();
-    let d = start("memory", "");
-    let mut c = d.client().await;
-    let mut req = create_req("t", "memory");
-    req.limits = Some(pb::ResourceLimits {
-        memory_bytes: 256 << 20,
-        ..Default::default()
-    });
+    let (_d, mut c) = start_client("memory", "").await;
+    let req = with_limits(create_req("t", "memory"), 0, 256 << 20);
     let id = ready_sandbox(&mut c, req).await;
     sh(&mut c, &id, "echo keep > /workspace/keep.txt").await;
     let hog = "b = bytearray(400 * 1024 * 1024)\n\
@@ -627,13 +434,7 @@ async fn memory_limit_kills_the_exec_not_the_sandbox() {
     // came once the sandbox as a whole (sentry included) went over 256 MiB.
     assert!(done.usage.unwrap().memory_peak_bytes > 192 << 20);
     // The sandbox survives with its workspace, and the next exec works.
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &id).await;
     assert_eq!(desc.status, SandboxStatus::Ready as i32);
     assert_eq!(sh(&mut c, &id, "cat /workspace/keep.txt").await, "keep\n");
     let o = exec(
@@ -652,14 +453,8 @@ async fn memory_limit_kills_the_exec_not_the_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cpu_limit_throttles_a_busy_loop() {
     need!();
-    let d = start("cpu", "");
-    let mut c = d.client().await;
-    let mut req = create_req("t", "cpu");
-    req.limits = Some(pb::ResourceLimits {
-        cpu_millis: 250,
-        ..Default::default()
-    });
-    let id = ready_sandbox(&mut c, req).await;
+    let (_d, mut c) = start_client("cpu", "").await;
+    let id = ready_sandbox(&mut c, with_limits(create_req("t", "cpu"), 250, 0)).await;
     let busy = "import time\nt = time.time()\nwhile time.time() - t < 4: pass";
     let o = exec(&mut c, exec_req(&id, "python3", &["-c", busy]))
         .await
@@ -678,27 +473,14 @@ async fn cpu_limit_throttles_a_busy_loop() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_sandbox_per_session() {
     need!();
-    let d = start("session", "");
-    let mut c = d.client().await;
-    let a = c
-        .create_sandbox(create_req("t1", "s"))
-        .await
-        .unwrap()
-        .into_inner();
-    let b = c
-        .create_sandbox(create_req("t1", "s"))
-        .await
-        .unwrap()
-        .into_inner();
+    let (d, mut c) = start_client("session", "").await;
+    let a = create(&mut c, create_req("t1", "s")).await;
+    let b = create(&mut c, create_req("t1", "s")).await;
     assert_eq!(
         a.sandbox_id, b.sandbox_id,
         "same live session, same sandbox"
     );
-    let other = c
-        .create_sandbox(create_req("t2", "s"))
-        .await
-        .unwrap()
-        .into_inner();
+    let other = create(&mut c, create_req("t2", "s")).await;
     assert_ne!(
         a.sandbox_id, other.sandbox_id,
         "another tenant never gets this sandbox"
@@ -708,10 +490,8 @@ async fn one_sandbox_per_session() {
     for _ in 0..8 {
         let mut c = d.client().await;
         handles.push(tokio::spawn(async move {
-            c.create_sandbox(create_req("t3", "parallel"))
+            create(&mut c, create_req("t3", "parallel"))
                 .await
-                .unwrap()
-                .into_inner()
                 .sandbox_id
         }));
     }
@@ -722,16 +502,8 @@ async fn one_sandbox_per_session() {
     ids.dedup();
     assert_eq!(ids.len(), 1, "parallel creates for one session: {ids:?}");
     // After destroy, the session gets a new sandbox.
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: a.sandbox_id.clone(),
-    })
-    .await
-    .unwrap();
-    let n = c
-        .create_sandbox(create_req("t1", "s"))
-        .await
-        .unwrap()
-        .into_inner();
+    destroy(&mut c, &a.sandbox_id).await;
+    let n = create(&mut c, create_req("t1", "s")).await;
     assert_ne!(n.sandbox_id, a.sandbox_id);
 }
 
@@ -743,21 +515,14 @@ async fn ten_sandboxes_in_parallel() {
     for i in 0..10 {
         let mut c = d.client().await;
         handles.push(tokio::spawn(async move {
-            let id = c
-                .create_sandbox(create_req("t", &format!("p{i}")))
+            let id = create(&mut c, create_req("t", &format!("p{i}")))
                 .await
-                .unwrap()
-                .into_inner()
                 .sandbox_id;
             for j in 0..3 {
                 let out = sh(&mut c, &id, &format!("echo {i}-{j}")).await;
                 assert_eq!(out, format!("{i}-{j}\n"));
             }
-            c.destroy_sandbox(pb::DestroySandboxRequest {
-                sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap();
+            destroy(&mut c, &id).await;
             id
         }));
     }
@@ -781,15 +546,9 @@ async fn ten_sandboxes_in_parallel() {
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_keeps_every_sandbox() {
     need!();
-    let mut d = start("restart", "");
-    let mut c = d.client().await;
+    let (mut d, mut c) = start_client("restart", "").await;
     let a = ready_sandbox(&mut c, create_req("tenant-r", "session-a")).await;
-    let mut req_b = create_req("tenant-r", "session-b");
-    req_b.limits = Some(pb::ResourceLimits {
-        cpu_millis: 500,
-        memory_bytes: 512 << 20,
-        ..Default::default()
-    });
+    let req_b = with_limits(create_req("tenant-r", "session-b"), 500, 512 << 20);
     let b = ready_sandbox(&mut c, req_b).await;
     sh(&mut c, &a, "echo persisted > /workspace/p.txt").await;
     sh(
@@ -798,25 +557,13 @@ async fn restart_keeps_every_sandbox() {
         "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
     )
     .await;
-    let before = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: b.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let before = describe(&mut c, &b).await;
 
     d.kill9();
     d.spawn();
     let mut c = d.client().await;
     for id in [&a, &b] {
-        let desc = c
-            .describe_sandbox(pb::DescribeSandboxRequest {
-                sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let desc = describe(&mut c, id).await;
         assert_eq!(
             desc.status,
             SandboxStatus::Ready as i32,
@@ -824,13 +571,7 @@ async fn restart_keeps_every_sandbox() {
         );
         assert_eq!(desc.tenant_id, "tenant-r");
     }
-    let after = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: b.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let after = describe(&mut c, &b).await;
     assert_eq!(after.session_id, "session-b");
     assert_eq!(after.created_at, before.created_at);
     assert!(
@@ -839,11 +580,7 @@ async fn restart_keeps_every_sandbox() {
     );
     assert_eq!(sh(&mut c, &a, "cat /workspace/p.txt").await, "persisted\n");
     // The session still maps to its sandbox.
-    let again = c
-        .create_sandbox(create_req("tenant-r", "session-a"))
-        .await
-        .unwrap()
-        .into_inner();
+    let again = create(&mut c, create_req("tenant-r", "session-a")).await;
     assert_eq!(again.sandbox_id, a);
     // Limits came back from the labels: b still runs at half a core.
     assert_eq!(
@@ -856,47 +593,29 @@ async fn restart_keeps_every_sandbox() {
         "50000"
     );
     // A destroyed sandbox is remembered across a restart too.
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: a.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c, &a).await;
     d.kill9();
     d.spawn();
     let mut c = d.client().await;
-    let desc = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: a.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let desc = describe(&mut c, &a).await;
     assert_eq!(desc.status, SandboxStatus::Destroyed as i32);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
     need!();
-    let d = start("maxrt", "");
-    let mut c = d.client().await;
+    let (_d, mut c) = start_client("maxrt", "").await;
     let mut req = create_req("t", "maxrt");
     req.limits = Some(pb::ResourceLimits {
-        max_runtime: Some(prost_types::Duration {
-            seconds: 3,
-            nanos: 0,
-        }),
+        max_runtime: secs(3),
         ..Default::default()
     });
     let id = ready_sandbox(&mut c, req).await;
-    let desc = wait_status(&mut c, &id, SandboxStatus::Failed, Duration::from_secs(15)).await;
-    assert!(
-        desc.failure_reason.contains("max_runtime"),
-        "{}",
-        desc.failure_reason
-    );
-    assert_eq!(
-        code_of(exec(&mut c, exec_req(&id, "true", &[])).await),
-        Code::FailedPrecondition
+    wait_failed(&mut c, &id, Duration::from_secs(15), "max_runtime").await;
+    assert_code(
+        exec(&mut c, exec_req(&id, "true", &[])).await,
+        Code::FailedPrecondition,
+        "exec past max_runtime",
     );
     // The sandbox was stopped when its time ran out, not only marked (its shim stays until
     // Destroy deletes the task).
@@ -915,11 +634,7 @@ async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
         "runsc processes of a sandbox past max_runtime: {:?}",
         runsc()
     );
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c, &id).await;
     assert!(cgroups_of(&id).is_empty() && mounts_mentioning(&id).is_empty());
 
     // Killing the sandbox's runsc processes from the host: FAILED with a reason.
@@ -937,17 +652,8 @@ async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
     for p in pids {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::SIGKILL);
     }
-    let desc = wait_status(&mut c, &id, SandboxStatus::Failed, Duration::from_secs(15)).await;
-    assert!(
-        desc.failure_reason.contains("exited"),
-        "{}",
-        desc.failure_reason
-    );
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.clone(),
-    })
-    .await
-    .unwrap();
+    wait_failed(&mut c, &id, Duration::from_secs(15), "exited").await;
+    destroy(&mut c, &id).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(processes_mentioning(&id).is_empty());
 }

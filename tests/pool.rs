@@ -2,10 +2,10 @@
 //! workspace, usage from zero), refilling, cold fallbacks, concurrent claims, recovery after a
 //! daemon restart, capacity, and the operator's view.
 
+#[macro_use]
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -13,27 +13,10 @@ use computed::api::compute::v1 as pb;
 use computed::api::node::v1 as node_pb;
 use tonic::Code;
 
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
-
 /// `computectl ls -o json` of the daemon.
 fn ls_json(d: &Daemon) -> Vec<serde_json::Value> {
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["ls", "-o", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "computectl ls: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = d.computectl(&["ls", "-o", "json"]);
+    assert_success(&o, "computectl ls");
     serde_json::from_slice::<serde_json::Value>(&o.stdout)
         .unwrap()
         .as_array()
@@ -120,34 +103,35 @@ fn cpu_ns(id: &str) -> u64 {
         .unwrap()
 }
 
-fn with_limits(mut r: pb::CreateSandboxRequest, cpu: u32, mem: u64) -> pb::CreateSandboxRequest {
-    r.limits = Some(pb::ResourceLimits {
-        cpu_millis: cpu,
-        memory_bytes: mem,
-        ..Default::default()
-    });
-    r
+/// Creates a sandbox the pool serves: READY at once, one of `members`. Its id.
+async fn claim(
+    c: &mut Client,
+    req: pb::CreateSandboxRequest,
+    members: &BTreeSet<String>,
+) -> String {
+    let resp = create(c, req).await;
+    assert_eq!(resp.status, SandboxStatus::Ready as i32);
+    let id = resp.sandbox_id;
+    assert!(members.contains(&id), "{id} is not one of {members:?}");
+    id
 }
 
-async fn describe(
-    c: &mut pb::compute_service_client::ComputeServiceClient<tonic::transport::Channel>,
-    id: &str,
-) -> pb::DescribeSandboxResponse {
-    c.describe_sandbox(pb::DescribeSandboxRequest {
-        sandbox_id: id.into(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
+/// Creates a sandbox the pool does not serve: none of `members`, booted cold; waits until it
+/// is READY. What CreateSandbox answered.
+async fn cold_create(
+    c: &mut Client,
+    req: pb::CreateSandboxRequest,
+    members: &BTreeSet<String>,
+) -> pb::CreateSandboxResponse {
+    let cold = create(c, req).await;
+    let id = &cold.sandbox_id;
+    assert!(!members.contains(id), "{id} is a pool member");
+    wait_status(c, id, SandboxStatus::Ready, Duration::from_secs(60)).await;
+    cold
 }
 
 async fn node_info(d: &Daemon) -> node_pb::GetInfoResponse {
-    let ch = tonic::transport::Channel::from_shared(format!("http://{}", d.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    node_pb::node_info_client::NodeInfoClient::new(ch)
+    node_pb::node_info_client::NodeInfoClient::new(channel(&d.addr).await)
         .get_info(node_pb::GetInfoRequest {})
         .await
         .unwrap()
@@ -159,31 +143,22 @@ const POOL: &str = "[[pool]]\nimage = \"compute.local/sandbox-python:latest\"\ns
 #[tokio::test(flavor = "multi_thread")]
 async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() {
     need!();
-    let d = start("pool-claim", POOL);
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("pool-claim", POOL).await;
     let members = wait_pool(&d, 2);
 
     // The operator sees the members, marked as pool members; tenants do not.
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .arg("ls")
-        .output()
-        .unwrap();
+    let o = d.computectl(&["ls"]);
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
     for id in &members {
         let row = table.lines().find(|l| l.contains(id.as_str())).unwrap();
         assert!(row.contains("READY (pool)"), "{table}");
     }
     let member = members.iter().next().unwrap().clone();
-    let code = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: member.clone(),
-        })
-        .await
-        .unwrap_err()
-        .code();
-    assert_eq!(code, Code::NotFound, "a pool member belongs to nobody");
+    assert_code(
+        try_describe(&mut c, &member).await,
+        Code::NotFound,
+        "a pool member belongs to nobody",
+    );
     assert_eq!(labels(&d, &member)["compute.paper-board.io/pool"], "true");
     let info = node_info(&d).await;
     assert_eq!(info.pool_sandboxes, 2);
@@ -192,18 +167,8 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     // A create that fits: READY at once, one of the members.
     let cpu_before: BTreeSet<(String, u64)> =
         members.iter().map(|m| (m.clone(), cpu_ns(m))).collect();
-    let resp = c
-        .create_sandbox(with_limits(
-            create_req("tenant-p", "session-1"),
-            500,
-            256 << 20,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(resp.status, SandboxStatus::Ready as i32);
-    let id = resp.sandbox_id;
-    assert!(members.contains(&id), "{id} is not one of {members:?}");
+    let req = with_limits(create_req("tenant-p", "session-1"), 500, 256 << 20);
+    let id = claim(&mut c, req, &members).await;
     let boot_cpu = cpu_before.iter().find(|(m, _)| *m == id).unwrap().1;
     assert!(boot_cpu > 0, "the member used CPU booting");
 
@@ -248,16 +213,15 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     let procs_warm = sh(&mut c, &id, "ls /proc | grep -c '^[0-9]'").await;
     assert_eq!(sh(&mut c, &id, "echo hi").await, "hi\n");
     assert_eq!(sh(&mut c, &id, "ls -A /workspace").await, "");
-    let files = c
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: "/".into(),
+    let files = list_files(
+        &mut c,
+        pb::ListFilesRequest {
             recursive: true,
             max_entries: 100,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            ..list_req(&id, "/")
+        },
+    )
+    .await;
     assert!(files.entries.is_empty(), "{:?}", files.entries);
 
     // The pool refills with a new member.
@@ -276,46 +240,27 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     assert!(refilled.iter().any(|m| !members.contains(m)));
 
     // Same session again: the same sandbox, not another member.
-    let again = c
-        .create_sandbox(create_req("tenant-p", "session-1"))
-        .await
-        .unwrap()
-        .into_inner();
+    let again = create(&mut c, create_req("tenant-p", "session-1")).await;
     assert_eq!(again.sandbox_id, id);
 
     // A request that does not fit (another mount path) is created cold.
-    let mut cold_req = create_req("tenant-p", "session-cold");
-    cold_req.workspace = Some(pb::WorkspaceSpec {
-        mount_path: "/work".into(),
-        ..Default::default()
-    });
-    let cold = c.create_sandbox(cold_req).await.unwrap().into_inner();
-    assert!(!refilled.contains(&cold.sandbox_id) && cold.sandbox_id != id);
+    let cold_req = with_workspace(create_req("tenant-p", "session-cold"), "", "", "/work");
+    let cold = cold_create(&mut c, cold_req, &refilled).await;
     assert_eq!(cold.status, SandboxStatus::Starting as i32);
-    wait_status(
-        &mut c,
-        &cold.sandbox_id,
-        SandboxStatus::Ready,
-        Duration::from_secs(60),
-    )
-    .await;
-    let procs_cold = sh(&mut c, &cold.sandbox_id, "ls /proc | grep -c '^[0-9]'").await;
+    let cold = cold.sandbox_id;
+    assert_ne!(cold, id);
+    let procs_cold = sh(&mut c, &cold, "ls /proc | grep -c '^[0-9]'").await;
     assert_eq!(
         procs_warm, procs_cold,
         "a claimed sandbox runs what a cold one runs"
     );
 
     // An alias of the pool's image fits: same image digest.
-    let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["image", "alias", IMAGE, "compute.local/alias:1"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = d.computectl(&["image", "alias", IMAGE, "compute.local/alias:1"]);
+    assert_success(&o, "computectl image alias");
     let mut alias_req = create_req("tenant-q", "session-2");
     alias_req.image = "compute.local/alias:1".into();
-    let aliased = c.create_sandbox(alias_req).await.unwrap().into_inner();
+    let aliased = create(&mut c, alias_req).await;
     assert!(refilled.contains(&aliased.sandbox_id));
     assert_eq!(
         describe(&mut c, &aliased.sandbox_id).await.image,
@@ -336,18 +281,9 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
     }
 
     // A claimed sandbox is destroyed like any other.
-    let gone = c
-        .destroy_sandbox(pb::DestroySandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let gone = destroy(&mut c, &id).await;
     assert_eq!(gone.sandbox_id, id);
-    assert_eq!(
-        describe(&mut c, &id).await.status,
-        SandboxStatus::Destroyed as i32
-    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Destroyed);
     settle(&d, 2);
 }
 
@@ -374,10 +310,7 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
     for i in 0..3 {
         let mut c = d.client().await;
         tasks.push(tokio::spawn(async move {
-            c.create_sandbox(create_req("tenant-c", &format!("s{i}")))
-                .await
-                .unwrap()
-                .into_inner()
+            create(&mut c, create_req("tenant-c", &format!("s{i}"))).await
         }));
     }
     let mut claimed = BTreeSet::new();
@@ -414,31 +347,19 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
     assert_eq!(wait_pool(&d, 1), refill);
 
     // At the maximum, a create that does not fit takes the member's slot (cold)...
-    let mut req = create_req("tenant-c", "s-cold");
-    req.workspace = Some(pb::WorkspaceSpec {
-        mount_path: "/w".into(),
-        ..Default::default()
-    });
-    let cold = c.create_sandbox(req).await.unwrap().into_inner();
-    assert!(!refill.contains(&cold.sandbox_id));
-    wait_status(
-        &mut c,
-        &cold.sandbox_id,
-        SandboxStatus::Ready,
-        Duration::from_secs(60),
-    )
-    .await;
+    let req = with_workspace(create_req("tenant-c", "s-cold"), "", "", "/w");
+    cold_create(&mut c, req, &refill).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ls_json(&d).iter().all(|s| s["pool"] == false) {
         assert!(Instant::now() < deadline, "the member was not retired");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // ...and with four tenant sandboxes the node is full.
-    let full = c
-        .create_sandbox(create_req("tenant-c", "s-full"))
-        .await
-        .unwrap_err();
-    assert_eq!(full.code(), Code::ResourceExhausted);
+    assert_code(
+        c.create_sandbox(create_req("tenant-c", "s-full")).await,
+        Code::ResourceExhausted,
+        "create on a full node",
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(pool_ids(&d).is_empty(), "no member boots on a full node");
 }
@@ -446,8 +367,7 @@ async fn restart_recovers_members_and_claims_are_distinct_within_capacity() {
 #[tokio::test(flavor = "multi_thread")]
 async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_limit() {
     need!();
-    let d = start("pool-agent", &format!("agent = true\n{POOL}"));
-    let mut c = d.client().await;
+    let (d, mut c) = start_client("pool-agent", &format!("agent = true\n{POOL}")).await;
     let members = wait_pool(&d, 2);
     // Both members' agents attach while they wait.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -458,14 +378,8 @@ async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_
         assert!(Instant::now() < deadline, "agents never attached");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let resp = c
-        .create_sandbox(with_limits(create_req("t", "agent"), 1000, 256 << 20))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(resp.status, SandboxStatus::Ready as i32);
-    let id = resp.sandbox_id;
-    assert!(members.contains(&id));
+    let req = with_limits(create_req("t", "agent"), 1000, 256 << 20);
+    let id = claim(&mut c, req, &members).await;
     let o = exec(&mut c, exec_req(&id, "cat", &["/proc/1/cmdline"]))
         .await
         .unwrap();
@@ -485,10 +399,7 @@ async fn with_the_agent_a_claimed_sandbox_execs_through_it_under_its_own_memory_
         .unwrap();
     assert_eq!(done.exit_code, 137);
     assert!(done.oom_killed);
-    assert_eq!(
-        describe(&mut c, &id).await.status,
-        SandboxStatus::Ready as i32
-    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Ready);
     settle(&d, 2);
 }
 

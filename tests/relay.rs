@@ -3,31 +3,23 @@
 //! proto with grpcio-tools), with the credentials `computectl relay token` issues; impostors
 //! refused; the in-sandbox agent never displaced; messages over 4 MiB, also through a router.
 
+#[macro_use]
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::relay::{collect, harness, req, run, worker};
+use common::router::RouterProc;
 use common::*;
 use computed::api::sandbox::v1 as pb;
 use pb::sandbox_exec_client::SandboxExecClient;
 use tonic::transport::Channel;
 use tonic::Code;
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `computectl` against a daemon's unix socket.
 fn computectl(d: &Daemon, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_computectl"))
-        .arg("--socket")
-        .arg(&d.socket)
+    d.computectl_command()
         .args(args)
         .env_remove("COMPUTE_ADDR")
         .output()
@@ -37,117 +29,23 @@ fn computectl(d: &Daemon, args: &[&str]) -> std::process::Output {
 /// Issues the credential of `sandbox` (`computectl relay token`): the token alone on stdout.
 fn issue_token(d: &Daemon, sandbox: &str) -> String {
     let o = computectl(d, &["relay", "token", sandbox]);
-    assert!(
-        o.status.success(),
-        "relay token: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let t = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    let t = assert_success(&o, "relay token").trim().to_string();
     assert!(t.starts_with("cwt_") && t.len() == 68, "{t:?}");
     t
 }
 
 /// A Rust worker for `sandbox`, attached with `token`.
-fn agent(d: &Daemon, sandbox: &str, token: &str, extra: &[&str]) -> Agent {
-    let child = Command::new(common::agent_binary())
-        .env("RELAY_TOKEN", token)
-        .args([
-            "--relay",
-            &d.addr,
-            "--sandbox-id",
-            sandbox,
-            "--heartbeat",
-            "0.3",
-            "--grace",
-            "1",
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Agent(child)
-}
-
-async fn harness(d: &Daemon) -> SandboxExecClient<Channel> {
-    let ch = Channel::from_shared(format!("http://{}", d.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    SandboxExecClient::new(ch)
-}
-
-fn req(sandbox: &str, req_id: u64, command: &str, streaming: bool) -> pb::ExecRequest {
-    pb::ExecRequest {
-        sandbox_id: sandbox.into(),
-        exec: Some(pb::Exec {
-            req_id,
-            command: command.into(),
-            stdin: vec![],
-            timeout_s: 30,
-            streaming,
-        }),
-    }
-}
-
-#[derive(Debug, Default)]
-struct Run {
-    chunks: Vec<(i32, Vec<u8>)>,
-    end: Option<i32>,
-    error: Option<String>,
-}
-
-impl Run {
-    fn stdout(&self) -> String {
-        self.chunks
-            .iter()
-            .filter(|(s, _)| *s != pb::Stream::Stderr as i32)
-            .map(|(_, d)| String::from_utf8_lossy(d).into_owned())
-            .collect()
-    }
-    fn stderr(&self) -> String {
-        self.chunks
-            .iter()
-            .filter(|(s, _)| *s == pb::Stream::Stderr as i32)
-            .map(|(_, d)| String::from_utf8_lossy(d).into_owned())
-            .collect()
-    }
-}
-
-async fn collect(mut s: tonic::Streaming<pb::ExecEvent>) -> Run {
-    let mut r = Run::default();
-    while let Some(ev) = s.message().await.unwrap() {
-        match ev.event.unwrap() {
-            pb::exec_event::Event::Chunk(c) => r.chunks.push((c.stream, c.data)),
-            pb::exec_event::Event::End(e) => r.end = Some(e.exit_code),
-            pb::exec_event::Event::Error(e) => r.error = Some(e.message),
-        }
-    }
-    r
-}
-
-/// Runs an exec, retrying UNAVAILABLE while the worker is still attaching.
-async fn run(c: &mut SandboxExecClient<Channel>, r: pb::ExecRequest) -> Run {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match c.exec(r.clone()).await {
-            Ok(s) => return collect(s.into_inner()).await,
-            Err(s) if s.code() == Code::Unavailable && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(s) => panic!("exec: {s:?}"),
-        }
-    }
+fn agent(d: &Daemon, sandbox: &str, token: &str, extra: &[&str]) -> Killed {
+    let mut args = vec!["--heartbeat", "0.3", "--grace", "1"];
+    args.extend(extra);
+    worker(&d.addr, sandbox, token, &args)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_semantics_with_the_rust_agent() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     let d = start("relay", "worker_heartbeat_timeout_ms = 1500");
-    let mut h = harness(&d).await;
+    let mut h = harness(&d.addr).await;
     let sb = format!("ext-{}", uuid::Uuid::new_v4().simple());
 
     // No worker: UNAVAILABLE.
@@ -174,9 +72,7 @@ async fn relay_semantics_with_the_rust_agent() {
         ),
     )
     .await;
-    assert_eq!(r.stdout(), "a\nc\n");
-    assert_eq!(r.stderr(), "b\n");
-    assert_eq!(r.end, Some(3));
+    r.assert_is("a\nc\n", "b\n", 3);
     assert!(r.chunks.len() >= 3, "streamed as produced: {:?}", r.chunks);
     // Non-streaming: stdout comes back collected; stderr replayed, not in stdout.
     let r = run(
@@ -184,9 +80,7 @@ async fn relay_semantics_with_the_rust_agent() {
         req(&sb, 2, "echo one; echo err >&2; echo two", false),
     )
     .await;
-    assert_eq!(r.stdout(), "one\ntwo\n");
-    assert_eq!(r.stderr(), "err\n");
-    assert_eq!(r.end, Some(0));
+    r.assert_is("one\ntwo\n", "err\n", 0);
     // Signal deaths are negative.
     let r = run(&mut h, req(&sb, 3, "kill -9 $$", true)).await;
     assert_eq!(r.end, Some(-9));
@@ -278,11 +172,9 @@ async fn run_stream(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn heartbeat_loss_disconnect_and_replacement() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     let d = start("relayhb", "worker_heartbeat_timeout_ms = 1500");
-    let mut h = harness(&d).await;
+    let mut h = harness(&d.addr).await;
     let sb = format!("ext-{}", uuid::Uuid::new_v4().simple());
 
     // A worker that stops heartbeating (SIGSTOP: the connection stays) is dropped, and its
@@ -399,7 +291,7 @@ struct Py<'a> {
 }
 
 /// Starts the Python worker for `sandbox` against `addr`.
-fn python_worker(stubs: &tempfile::TempDir, addr: &str, sandbox: &str, py: Py) -> Agent {
+fn python_worker(stubs: &tempfile::TempDir, addr: &str, sandbox: &str, py: Py) -> Killed {
     let worker =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/python_worker.py");
     let mut c = Command::new("python3");
@@ -418,11 +310,11 @@ fn python_worker(stubs: &tempfile::TempDir, addr: &str, sandbox: &str, py: Py) -
     if let Some(t) = py.trust {
         c.env("WORKER_TRUST", t);
     }
-    Agent(c.spawn().unwrap())
+    Killed(c.spawn().unwrap())
 }
 
 /// Waits for a Python worker to be refused and returns the status code it saw.
-fn refused_with(mut w: Agent) -> String {
+fn refused_with(mut w: Killed) -> String {
     use std::io::Read;
     let t = Instant::now();
     loop {
@@ -446,9 +338,7 @@ fn refused_with(mut w: Agent) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_worker_attaches_and_serves() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     let Some(stubs) = python_stubs() else { return };
     let d = start("relaypy", "");
     let sb = format!("py-{}", uuid::Uuid::new_v4().simple());
@@ -462,15 +352,13 @@ async fn a_python_worker_attaches_and_serves() {
             ..Default::default()
         },
     );
-    let mut h = harness(&d).await;
+    let mut h = harness(&d.addr).await;
     let r = run(
         &mut h,
         req(&sb, 1, "echo from python; echo warn >&2; exit 4", true),
     )
     .await;
-    assert_eq!(r.stdout(), "from python\n");
-    assert_eq!(r.stderr(), "warn\n");
-    assert_eq!(r.end, Some(4));
+    r.assert_is("from python\n", "warn\n", 4);
     let r = run(&mut h, req(&sb, 2, "printf 'a\\nb\\n'", false)).await;
     assert_eq!(r.stdout(), "a\nb\n");
     assert_eq!(r.end, Some(0));
@@ -497,18 +385,15 @@ async fn wait_log(d: &Daemon, needle: &str, n: usize) {
 
 fn workers_json(d: &Daemon) -> Vec<serde_json::Value> {
     let o = computectl(d, &["relay", "workers", "-o", "json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o, "relay workers");
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn impostors_never_displace_a_sandboxs_agent() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     let Some(stubs) = python_stubs() else { return };
-    let mut d = start("relayimp", "agent = true");
-    let mut c = d.client().await;
+    let (mut d, mut c) = start_client("relayimp", "agent = true").await;
     let id = ready_sandbox(&mut c, create_req("t", "impostor")).await;
     wait_log(&d, "agent attached", 1).await;
     let real = "real-42\n";
@@ -562,7 +447,7 @@ async fn impostors_never_displace_a_sandboxs_agent() {
 
     // SandboxExec for the sandbox reaches its agent too; the listing shows one worker for it,
     // the agent, with the trust the node gave it.
-    let mut h = harness(&d).await;
+    let mut h = harness(&d.addr).await;
     assert_eq!(run(&mut h, req(&id, 1, script, false)).await.stdout(), real);
     let ws: Vec<_> = workers_json(&d)
         .into_iter()
@@ -579,9 +464,7 @@ async fn impostors_never_displace_a_sandboxs_agent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     let Some(stubs) = python_stubs() else { return };
     let mut d = start("relayext", "worker_heartbeat_timeout_ms = 1500");
     let sb = format!("ext-{}", uuid::Uuid::new_v4().simple());
@@ -591,7 +474,7 @@ async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
         ..Default::default()
     };
     let _w = python_worker(&stubs, &d.addr, &sb, legit);
-    let mut h = harness(&d).await;
+    let mut h = harness(&d.addr).await;
     assert_eq!(
         run(&mut h, req(&sb, 1, "echo legit", true)).await.stdout(),
         "legit\n"
@@ -626,7 +509,7 @@ async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
     d.kill9();
     d.spawn();
     let _w = python_worker(&stubs, &d.addr, &sb, legit);
-    let mut h = harness(&d).await;
+    let mut h = harness(&d.addr).await;
     assert_eq!(
         run(&mut h, req(&sb, 3, "echo after-restart", true))
             .await
@@ -653,7 +536,7 @@ async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
 
     // Revoke: the live worker is disconnected and the token no longer attaches.
     let o = computectl(&d, &["relay", "revoke", &sb]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o, "relay revoke");
     assert!(String::from_utf8_lossy(&o.stderr).contains("disconnected"));
     assert_eq!(
         h.exec(req(&sb, 4, "true", true)).await.unwrap_err().code(),
@@ -669,73 +552,19 @@ async fn an_external_worker_needs_its_credential_which_survives_a_restart() {
     }
 }
 
-/// A `computed router` in front of one node.
-struct RouterProc {
-    child: Child,
-    addr: String,
-    log: std::path::PathBuf,
-}
-
-impl RouterProc {
-    fn start(node: &str, dir: &std::path::Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = dir.join("router.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_computed"))
-            .args([
-                "router",
-                "--listen",
-                &addr,
-                "--nodes",
-                node,
-                "--metrics-listen",
-                "",
-            ])
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(Instant::now() < deadline, "router did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        RouterProc { child, addr, log }
-    }
-}
-
-impl Drop for RouterProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn big_harness(addr: &str) -> SandboxExecClient<Channel> {
-    let ch = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    SandboxExecClient::new(ch)
+    SandboxExecClient::new(channel(addr).await)
         .max_decoding_message_size(32 << 20)
         .max_encoding_message_size(32 << 20)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn big_messages_and_credentials_pass_through_the_router() {
-    if !prerequisites() {
-        return;
-    }
+    need!();
     let Some(stubs) = python_stubs() else { return };
     let d = start("relaybig", "");
     let dir = tempfile::tempdir().unwrap();
-    let router = RouterProc::start(&d.addr, dir.path());
+    let router = RouterProc::start_env(&d.addr, dir.path(), "relay", &[], &[("RUST_LOG", "debug")]);
     let sb = format!("ext-{}", uuid::Uuid::new_v4().simple());
     let token = issue_token(&d, &sb);
 

@@ -3,32 +3,25 @@
 //! of a plaintext node, and the router's TLS flags that do not go together. Certificates are
 //! made at test time with rcgen.
 
+#[macro_use]
 mod common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::pki::{write, Ca};
-use common::router::{router_command, RouterProc};
+use common::relay::{harness_on, req, run, worker};
+use common::router::{router_args, router_command, RouterProc};
 use common::*;
 use computed::api::compute::v1 as pb;
 use computed::api::node::v1::node_info_client::NodeInfoClient;
 use computed::api::node::v1::GetInfoRequest;
-use computed::api::sandbox::v1 as sb;
 use pb::compute_service_client::ComputeServiceClient;
 use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 /// The name every node certificate carries besides 127.0.0.1 (for `--node-tls-server-name`).
 const NODE_NAME: &str = "computed-node.test";
@@ -177,13 +170,11 @@ async fn assert_cut_off(r: &RouterProc, live_id: &str, why: &str) {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{why}: create: {e:?}");
-    let e = c
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: live_id.into(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unavailable, "{why}: describe: {e:?}");
+    assert_code(
+        try_describe(&mut c, live_id).await,
+        Code::Unavailable,
+        &format!("{why}: describe"),
+    );
     let e = exec(&mut c, exec_req(live_id, "echo", &["no"]))
         .await
         .unwrap_err();
@@ -264,38 +255,12 @@ async fn two_mtls_nodes_behind_routers() {
         (o.code(), o.out().as_str()),
         (0, "hello from gVisor over mTLS\n")
     );
-    c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.clone(),
-        path: "hello.txt".into(),
-        data: b"through two TLS hops".to_vec(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let got = c
-        .read_file(pb::ReadFileRequest {
-            sandbox_id: id.clone(),
-            path: "hello.txt".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    write_file(&mut c, &id, "hello.txt", b"through two TLS hops").await;
+    let got = read_file(&mut c, &id, "hello.txt").await;
     assert_eq!(got.data, b"through two TLS hops");
     assert_eq!(live(&nodes[0]).await + live(&nodes[1]).await, 1);
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.clone(),
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        c.describe_sandbox(pb::DescribeSandboxRequest { sandbox_id: id })
-            .await
-            .unwrap()
-            .into_inner()
-            .status,
-        SandboxStatus::Destroyed as i32
-    );
+    destroy(&mut c, &id).await;
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Destroyed);
 
     // The sandbox.v1 relay rides the same TLS channels: a worker attaches through a second
     // router (plaintext listener: the agent dials plaintext; nodes verified against
@@ -310,53 +275,11 @@ async fn two_mtls_nodes_behind_routers() {
     // Its credential, on both nodes (the router picks one for the id).
     let token = relay_token(&nodes[0], &ext, None);
     relay_token(&nodes[1], &ext, Some(&token));
-    let mut worker = std::process::Command::new(agent_binary())
-        .env("RELAY_TOKEN", &token)
-        .args([
-            "--relay",
-            &by_name.addr,
-            "--sandbox-id",
-            &ext,
-            "--heartbeat",
-            "0.5",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut h = sb::sandbox_exec_client::SandboxExecClient::new(ch.clone());
-    let req = sb::ExecRequest {
-        sandbox_id: ext.clone(),
-        exec: Some(sb::Exec {
-            req_id: 1,
-            command: "echo relayed-over-mtls".into(),
-            stdin: vec![],
-            timeout_s: 10,
-            streaming: true,
-        }),
-    };
-    let t = Instant::now();
-    let mut out = String::new();
-    loop {
-        match h.exec(req.clone()).await {
-            Ok(s) => {
-                let mut s = s.into_inner();
-                while let Some(ev) = s.message().await.unwrap() {
-                    if let Some(sb::exec_event::Event::Chunk(c)) = ev.event {
-                        out.push_str(&String::from_utf8_lossy(&c.data));
-                    }
-                }
-                break;
-            }
-            Err(e) if e.code() == Code::Unavailable && t.elapsed() < Duration::from_secs(10) => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(e) => panic!("relay exec through the router: {e:?}"),
-        }
-    }
-    let _ = worker.kill();
-    let _ = worker.wait();
-    assert_eq!(out, "relayed-over-mtls\n");
+    let w = worker(&by_name.addr, &ext, &token, &["--heartbeat", "0.5"]);
+    let mut h = harness_on(ch.clone());
+    let out = run(&mut h, req(&ext, 1, "echo relayed-over-mtls", true)).await;
+    drop(w);
+    assert_eq!(out.output(), "relayed-over-mtls\n");
 
     // A sandbox that stays, then routers that cannot reach the nodes: each gets nothing and
     // places nothing.
@@ -390,15 +313,7 @@ async fn two_mtls_nodes_behind_routers() {
         .await
         .unwrap();
     assert_eq!(o.out(), "still here\n");
-    let d = by_name
-        .client()
-        .await
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: kept.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let d = describe(&mut by_name.client().await, &kept).await;
     assert_eq!(d.status, SandboxStatus::Ready as i32);
 }
 
@@ -424,24 +339,9 @@ async fn a_tls_router_does_not_downgrade_to_a_plaintext_node() {
     assert!(r.log_text().contains("url=https://"), "{}", r.log_text());
 
     // Spelling the scheme out does not downgrade it either: a config error, before binding.
-    let listen = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    );
-    let mut args = vec![
-        "router",
-        "--listen",
-        &listen,
-        "--metrics-listen",
-        "",
-        "--nodes",
-    ];
+    let listen = free_addr();
     let url = format!("http://{}", node.addr);
-    args.push(&url);
+    let mut args = router_args(&listen, &url).to_vec();
     args.extend(pki.node_mtls());
     let o = router_command().args(&args).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -454,9 +354,7 @@ async fn a_tls_router_does_not_downgrade_to_a_plaintext_node() {
     let mut c = plain.client().await;
     let id = ready_sandbox(&mut c, create_req("t", "plain")).await;
     assert_eq!(live(&node).await, 1);
-    c.destroy_sandbox(pb::DestroySandboxRequest { sandbox_id: id })
-        .await
-        .unwrap();
+    destroy(&mut c, &id).await;
 }
 
 /// Bad TLS settings stop the router with one line and exit 64, before it binds a port. No
@@ -538,15 +436,7 @@ fn bad_router_tls_settings_exit_64_before_binding() {
         // Free the port: a router that got as far as binding would take it.
         drop(listener);
         let mut child = router_command()
-            .args([
-                "router",
-                "--listen",
-                &listen,
-                "--metrics-listen",
-                "",
-                "--nodes",
-                "127.0.0.1:1",
-            ])
+            .args(router_args(&listen, "127.0.0.1:1"))
             .args(&flags)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

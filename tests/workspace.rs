@@ -1,6 +1,7 @@
 //! Workspaces end to end (real containerd + runsc): hostile paths, a swap race, size caps,
 //! large files, storage classes, soft delete and GC.
 
+#[macro_use]
 mod common;
 
 use std::os::unix::fs::symlink;
@@ -10,18 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use computed::api::compute::v1 as pb;
-use pb::compute_service_client::ComputeServiceClient;
 use sha2::{Digest, Sha256};
-use tonic::transport::Channel;
 use tonic::Code;
-
-macro_rules! need {
-    () => {
-        if !prerequisites() {
-            return;
-        }
-    };
-}
 
 fn data_dir(d: &Daemon, id: &str) -> PathBuf {
     d.state_dir().join("workspaces").join(id).join("data")
@@ -35,37 +26,20 @@ enum Op {
     List,
 }
 
-async fn run_op(
-    c: &mut ComputeServiceClient<Channel>,
-    id: &str,
-    op: Op,
-    path: &str,
-) -> Result<Vec<u8>, tonic::Status> {
+async fn run_op(c: &mut Client, id: &str, op: Op, path: &str) -> Result<Vec<u8>, tonic::Status> {
     match op {
-        Op::Read => c
-            .read_file(pb::ReadFileRequest {
-                sandbox_id: id.into(),
-                path: path.into(),
-                ..Default::default()
-            })
-            .await
-            .map(|r| r.into_inner().data),
+        Op::Read => try_read_file(c, id, path).await.map(|r| r.data),
         Op::Write | Op::Append => c
             .write_file(pb::WriteFileRequest {
-                sandbox_id: id.into(),
-                path: path.into(),
-                data: b"pwned".to_vec(),
                 append: matches!(op, Op::Append),
-                mode: 0,
+                ..write_req(id, path, b"pwned")
             })
             .await
             .map(|_| vec![]),
         Op::List => c
             .list_files(pb::ListFilesRequest {
-                sandbox_id: id.into(),
-                path: path.into(),
                 recursive: true,
-                max_entries: 0,
+                ..list_req(id, path)
             })
             .await
             .map(|r| {
@@ -110,12 +84,7 @@ struct RawReadFileRequest {
 }
 
 async fn raw_read(addr: &str, id: &str, path: &[u8]) -> tonic::Status {
-    let ch = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(ch);
+    let mut grpc = tonic::client::Grpc::new(channel(addr).await);
     grpc.ready().await.unwrap();
     let codec = tonic_prost::ProstCodec::<RawReadFileRequest, pb::ReadFileResponse>::default();
     let req = tonic::Request::new(RawReadFileRequest {
@@ -134,9 +103,7 @@ async fn raw_read(addr: &str, id: &str, path: &[u8]) -> tonic::Status {
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
     need!();
-    let d = start("hostile", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "hostile")).await;
+    let (d, mut c, id) = start_sandbox("hostile", "").await;
     let sibling = ready_sandbox(&mut c, create_req("t", "sibling")).await;
     let ws = data_dir(&d, &id);
     let sib = data_dir(&d, &sibling);
@@ -205,100 +172,80 @@ async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
     let deep = vec!["a"; 1000].join("/");
     use Code::{FailedPrecondition, InvalidArgument, NotFound, PermissionDenied};
     use Op::*;
-    let cases: Vec<(Op, String, Option<Code>)> = vec![
+    let cases: Vec<(Op, &str, Option<Code>)> = vec![
         // `..` in every position.
-        (Read, "../x".into(), Some(InvalidArgument)),
-        (Read, "..".into(), Some(InvalidArgument)),
-        (Read, "a/../../x".into(), Some(InvalidArgument)),
-        (Read, "./../x".into(), Some(InvalidArgument)),
-        (Read, "a/b/../../../x".into(), Some(InvalidArgument)),
-        (Read, "/../x".into(), Some(InvalidArgument)),
-        (Read, "/workspace/../x".into(), Some(InvalidArgument)),
-        (Read, "nested/../../data.txt".into(), Some(InvalidArgument)),
-        (Write, "../escape".into(), Some(InvalidArgument)),
-        (Write, "newdir/../../escape".into(), Some(InvalidArgument)),
-        (Append, "../../escape".into(), Some(InvalidArgument)),
-        (List, "..".into(), Some(InvalidArgument)),
-        (List, "nested/../..".into(), Some(InvalidArgument)),
+        (Read, "../x", Some(InvalidArgument)),
+        (Read, "..", Some(InvalidArgument)),
+        (Read, "a/../../x", Some(InvalidArgument)),
+        (Read, "./../x", Some(InvalidArgument)),
+        (Read, "a/b/../../../x", Some(InvalidArgument)),
+        (Read, "/../x", Some(InvalidArgument)),
+        (Read, "/workspace/../x", Some(InvalidArgument)),
+        (Read, "nested/../../data.txt", Some(InvalidArgument)),
+        (Write, "../escape", Some(InvalidArgument)),
+        (Write, "newdir/../../escape", Some(InvalidArgument)),
+        (Append, "../../escape", Some(InvalidArgument)),
+        (List, "..", Some(InvalidArgument)),
+        (List, "nested/../..", Some(InvalidArgument)),
         // Encoded or doubled separators are taken literally, never decoded.
-        (Read, "..%2fx".into(), Some(NotFound)),
-        (Read, "%2e%2e/x".into(), Some(NotFound)),
-        (Read, "..\\x".into(), Some(NotFound)),
-        (Read, "nested//deep/..//..//data.txt".into(), None),
+        (Read, "..%2fx", Some(NotFound)),
+        (Read, "%2e%2e/x", Some(NotFound)),
+        (Read, "..\\x", Some(NotFound)),
+        (Read, "nested//deep/..//..//data.txt", None),
         // Absolute paths are relative to the workspace.
-        (Read, "/etc/passwd".into(), Some(NotFound)),
-        (Read, "/workspace/data.txt".into(), None),
-        (Read, "/data.txt".into(), None),
+        (Read, "/etc/passwd", Some(NotFound)),
+        (Read, "/workspace/data.txt", None),
+        (Read, "/data.txt", None),
         // Symlinks out of the workspace.
-        (Read, "link-root/etc/passwd".into(), Some(PermissionDenied)),
-        (Read, "link-root".into(), Some(PermissionDenied)),
-        (Write, "link-root/tmp/pwned".into(), Some(PermissionDenied)),
-        (Append, "link-root/tmp/pwned".into(), Some(PermissionDenied)),
-        (List, "link-root".into(), Some(PermissionDenied)),
-        (Read, "link-proc/etc/passwd".into(), Some(PermissionDenied)),
-        (
-            Read,
-            "link-proc-rel/etc/passwd".into(),
-            Some(PermissionDenied),
-        ),
-        (Read, "link-dev".into(), Some(PermissionDenied)),
-        (Read, "link-etc/passwd".into(), Some(PermissionDenied)),
-        (Write, "link-tmp/pwned".into(), Some(PermissionDenied)),
-        (
-            Read,
-            "link-dotdot/outside/canary".into(),
-            Some(PermissionDenied),
-        ),
-        (List, "link-dotdot".into(), Some(PermissionDenied)),
-        (Read, "link-sibling/secret".into(), Some(PermissionDenied)),
-        (Write, "link-sibling/secret".into(), Some(PermissionDenied)),
-        (
-            Read,
-            "link-sibling-rel/secret".into(),
-            Some(PermissionDenied),
-        ),
-        (Read, "link-abs-prefix".into(), Some(PermissionDenied)),
-        (Read, "link-abs-dotdot".into(), Some(PermissionDenied)),
-        (
-            Read,
-            "nested/deep/link-up/data.txt".into(),
-            Some(PermissionDenied),
-        ),
-        (
-            Write,
-            "nested/deep/link-up/pwned".into(),
-            Some(PermissionDenied),
-        ),
+        (Read, "link-root/etc/passwd", Some(PermissionDenied)),
+        (Read, "link-root", Some(PermissionDenied)),
+        (Write, "link-root/tmp/pwned", Some(PermissionDenied)),
+        (Append, "link-root/tmp/pwned", Some(PermissionDenied)),
+        (List, "link-root", Some(PermissionDenied)),
+        (Read, "link-proc/etc/passwd", Some(PermissionDenied)),
+        (Read, "link-proc-rel/etc/passwd", Some(PermissionDenied)),
+        (Read, "link-dev", Some(PermissionDenied)),
+        (Read, "link-etc/passwd", Some(PermissionDenied)),
+        (Write, "link-tmp/pwned", Some(PermissionDenied)),
+        (Read, "link-dotdot/outside/canary", Some(PermissionDenied)),
+        (List, "link-dotdot", Some(PermissionDenied)),
+        (Read, "link-sibling/secret", Some(PermissionDenied)),
+        (Write, "link-sibling/secret", Some(PermissionDenied)),
+        (Read, "link-sibling-rel/secret", Some(PermissionDenied)),
+        (Read, "link-abs-prefix", Some(PermissionDenied)),
+        (Read, "link-abs-dotdot", Some(PermissionDenied)),
+        (Read, "nested/deep/link-up/data.txt", Some(PermissionDenied)),
+        (Write, "nested/deep/link-up/pwned", Some(PermissionDenied)),
         // Chains and loops.
-        (Read, "chain1/etc/passwd".into(), Some(PermissionDenied)),
-        (Write, "chain1/tmp/pwned".into(), Some(PermissionDenied)),
-        (Read, "chain-in1".into(), None),
-        (Read, "loop-a".into(), Some(InvalidArgument)),
-        (Read, "self-loop".into(), Some(InvalidArgument)),
-        (Write, "loop-a/x".into(), Some(InvalidArgument)),
+        (Read, "chain1/etc/passwd", Some(PermissionDenied)),
+        (Write, "chain1/tmp/pwned", Some(PermissionDenied)),
+        (Read, "chain-in1", None),
+        (Read, "loop-a", Some(InvalidArgument)),
+        (Read, "self-loop", Some(InvalidArgument)),
+        (Write, "loop-a/x", Some(InvalidArgument)),
         // Links that stay inside are followed.
-        (Read, "link-abs-inside".into(), None),
-        (Read, "nested/deep/link-up-ok".into(), None),
-        (Read, "link-file-as-dir/x".into(), Some(FailedPrecondition)),
-        (Read, "link-win".into(), Some(NotFound)),
+        (Read, "link-abs-inside", None),
+        (Read, "nested/deep/link-up-ok", None),
+        (Read, "link-file-as-dir/x", Some(FailedPrecondition)),
+        (Read, "link-win", Some(NotFound)),
         // Special files: refused, and a FIFO never blocks.
-        (Read, "fifo".into(), Some(FailedPrecondition)),
-        (Write, "fifo".into(), Some(FailedPrecondition)),
-        (Append, "fifo".into(), Some(FailedPrecondition)),
-        (Read, "chardev".into(), Some(FailedPrecondition)),
-        (Append, "chardev".into(), Some(FailedPrecondition)),
-        (Read, "socket".into(), Some(FailedPrecondition)),
-        (List, "fifo".into(), Some(FailedPrecondition)),
+        (Read, "fifo", Some(FailedPrecondition)),
+        (Write, "fifo", Some(FailedPrecondition)),
+        (Append, "fifo", Some(FailedPrecondition)),
+        (Read, "chardev", Some(FailedPrecondition)),
+        (Append, "chardev", Some(FailedPrecondition)),
+        (Read, "socket", Some(FailedPrecondition)),
+        (List, "fifo", Some(FailedPrecondition)),
         // Directories and the root.
-        (Read, "nested".into(), Some(FailedPrecondition)),
-        (Write, "nested".into(), Some(FailedPrecondition)),
-        (Write, "".into(), Some(FailedPrecondition)),
-        (Write, "/workspace".into(), Some(FailedPrecondition)),
+        (Read, "nested", Some(FailedPrecondition)),
+        (Write, "nested", Some(FailedPrecondition)),
+        (Write, "", Some(FailedPrecondition)),
+        (Write, "/workspace", Some(FailedPrecondition)),
         // Malformed names.
-        (Read, "a\0b".into(), Some(InvalidArgument)),
-        (Write, "x\0/../../etc".into(), Some(InvalidArgument)),
-        (Read, long_name.clone(), Some(InvalidArgument)),
-        (Read, deep.clone(), Some(NotFound)),
+        (Read, "a\0b", Some(InvalidArgument)),
+        (Write, "x\0/../../etc", Some(InvalidArgument)),
+        (Read, &long_name, Some(InvalidArgument)),
+        (Read, &deep, Some(NotFound)),
     ];
     assert!(cases.len() >= 50, "{} cases", cases.len());
     for (op, path, want) in &cases {
@@ -355,11 +302,8 @@ async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
     );
     // setuid bits are never set from the host side.
     c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.clone(),
-        path: "suid".into(),
-        data: b"x".to_vec(),
         mode: 0o4755,
-        ..Default::default()
+        ..write_req(&id, "suid", b"x")
     })
     .await
     .unwrap();
@@ -377,9 +321,7 @@ async fn hostile_paths_fail_with_the_right_code_and_touch_nothing_outside() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
     need!();
-    let d = start("race", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "race")).await;
+    let (d, mut c, id) = start_sandbox("race", "").await;
     let marker = format!("race-{}", uuid::Uuid::new_v4().simple());
     // Inside: `d` flips between a real directory holding `f` and a symlink to `/`.
     let swap = "cd /workspace; i=0; while [ $i -lt 100000 ]; do \
@@ -387,12 +329,7 @@ async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
     let mut sc = d.client().await;
     let sid = id.clone();
     let swapper = tokio::spawn(async move {
-        let mut req = exec_req(&sid, "sh", &["-c", swap]);
-        req.timeout = Some(prost_types::Duration {
-            seconds: 60,
-            nanos: 0,
-        });
-        let _ = exec(&mut sc, req).await;
+        let _ = exec(&mut sc, timed(&sid, "sh", &["-c", swap], 60)).await;
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let host_etc_hostname = std::fs::read("/etc/hostname").unwrap_or_default();
@@ -429,15 +366,7 @@ async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
             ),
         }
         let path = format!("d/{marker}-{i}");
-        if c.write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path,
-            data: b"w".to_vec(),
-            ..Default::default()
-        })
-        .await
-        .is_ok()
-        {
+        if try_write_file(&mut c, &id, &path, b"w").await.is_ok() {
             ok_writes += 1;
         }
     }
@@ -460,14 +389,12 @@ async fn a_sandbox_swapping_dirs_and_symlinks_never_gets_the_host_touched() {
 #[tokio::test(flavor = "multi_thread")]
 async fn size_cap_holds_inside_and_from_writefile() {
     need!();
-    let d = start("size", "");
-    let mut c = d.client().await;
-    let mut req = create_req("t", "size");
-    req.workspace = Some(pb::WorkspaceSpec {
-        size: "64Mi".into(),
-        ..Default::default()
-    });
-    let id = ready_sandbox(&mut c, req).await;
+    let (d, mut c) = start_client("size", "").await;
+    let id = ready_sandbox(
+        &mut c,
+        with_workspace(create_req("t", "size"), "", "64Mi", ""),
+    )
+    .await;
     let o = exec(
         &mut c,
         exec_req(
@@ -488,15 +415,11 @@ async fn size_cap_holds_inside_and_from_writefile() {
         .unwrap();
     assert!(size <= 64 << 20 && size > 40 << 20, "filled {size} bytes");
     // WriteFile on the full volume: RESOURCE_EXHAUSTED.
-    let r = c
-        .write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: "more".into(),
-            data: vec![1; 8 << 20],
-            ..Default::default()
-        })
-        .await;
-    assert_eq!(r.unwrap_err().code(), Code::ResourceExhausted);
+    assert_code(
+        try_write_file(&mut c, &id, "more", vec![1; 8 << 20]).await,
+        Code::ResourceExhausted,
+        "WriteFile on the full volume",
+    );
     // The node's own disk did not fill: the volume image holds at most about the cap on the
     // host (its allocated blocks; the partition's free space moves with every other test).
     let image = d
@@ -508,27 +431,14 @@ async fn size_cap_holds_inside_and_from_writefile() {
     assert!(used < 80 << 20, "host disk used {used}");
     // Freeing space inside makes WriteFile work again.
     sh(&mut c, &id, "rm /workspace/fill").await;
-    c.write_file(pb::WriteFileRequest {
-        sandbox_id: id.clone(),
-        path: "more".into(),
-        data: vec![1; 8 << 20],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    write_file(&mut c, &id, "more", vec![1; 8 << 20]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn large_files_in_16mib_chunks_round_trip() {
     need!();
-    let d = start("large", "");
-    let mut c = d.client().await;
-    let id = c
-        .create_sandbox(create_req("t", "large"))
-        .await
-        .unwrap()
-        .into_inner()
-        .sandbox_id;
+    let (_d, mut c) = start_client("large", "").await;
+    let id = create(&mut c, create_req("t", "large")).await.sandbox_id;
     // File RPCs work while the sandbox is still STARTING.
     let mut want = Sha256::new();
     for i in 0..4u8 {
@@ -538,11 +448,9 @@ async fn large_files_in_16mib_chunks_round_trip() {
         want.update(&chunk);
         let w = c
             .write_file(pb::WriteFileRequest {
-                sandbox_id: id.clone(),
-                path: "big/file.bin".into(),
-                data: chunk,
                 append: i > 0,
                 mode: 0o600,
+                ..write_req(&id, "big/file.bin", chunk)
             })
             .await
             .unwrap()
@@ -555,10 +463,8 @@ async fn large_files_in_16mib_chunks_round_trip() {
     loop {
         let r = c
             .read_file(pb::ReadFileRequest {
-                sandbox_id: id.clone(),
-                path: "big/file.bin".into(),
                 offset,
-                max_bytes: 0,
+                ..read_req(&id, "big/file.bin")
             })
             .await
             .unwrap()
@@ -579,10 +485,9 @@ async fn large_files_in_16mib_chunks_round_trip() {
     // max_bytes and offset.
     let r = c
         .read_file(pb::ReadFileRequest {
-            sandbox_id: id.clone(),
-            path: "big/file.bin".into(),
             offset: (64 << 20) - 10,
             max_bytes: 100,
+            ..read_req(&id, "big/file.bin")
         })
         .await
         .unwrap()
@@ -591,25 +496,16 @@ async fn large_files_in_16mib_chunks_round_trip() {
     assert!(r.eof);
     // ListFiles: every FileEntry field, max_entries and truncated.
     for i in 0..30 {
-        c.write_file(pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: format!("many/f{i:02}"),
-            data: vec![b'x'; i],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        write_file(&mut c, &id, &format!("many/f{i:02}"), vec![b'x'; i]).await;
     }
-    let l = c
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: "many".into(),
-            recursive: false,
+    let l = list_files(
+        &mut c,
+        pb::ListFilesRequest {
             max_entries: 10,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            ..list_req(&id, "many")
+        },
+    )
+    .await;
     assert!(l.truncated);
     assert_eq!(l.entries.len(), 10);
     let e = &l.entries[3];
@@ -618,16 +514,14 @@ async fn large_files_in_16mib_chunks_round_trip() {
     assert!(!e.is_dir);
     assert_eq!(e.mode, 0o644);
     assert!(e.modified_at.as_ref().unwrap().seconds > 1_700_000_000);
-    let l = c
-        .list_files(pb::ListFilesRequest {
-            sandbox_id: id.clone(),
-            path: "/workspace".into(),
+    let l = list_files(
+        &mut c,
+        pb::ListFilesRequest {
             recursive: true,
-            max_entries: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            ..list_req(&id, "/workspace")
+        },
+    )
+    .await;
     assert!(!l.truncated);
     assert!(l
         .entries
@@ -643,36 +537,19 @@ async fn large_files_in_16mib_chunks_round_trip() {
 #[tokio::test(flavor = "multi_thread")]
 async fn storage_classes_mount_paths_and_sparse_volumes() {
     need!();
-    let d = start("classes", "");
-    let mut c = d.client().await;
-    let mut bad = create_req("t", "bad-class");
-    bad.workspace = Some(pb::WorkspaceSpec {
-        storage_class: "gold".into(),
-        ..Default::default()
-    });
-    assert_eq!(
-        c.create_sandbox(bad).await.unwrap_err().code(),
-        Code::InvalidArgument
+    let (d, mut c) = start_client("classes", "").await;
+    let bad = with_workspace(create_req("t", "bad-class"), "gold", "", "");
+    assert_code(
+        c.create_sandbox(bad).await,
+        Code::InvalidArgument,
+        "storage class gold",
     );
     for mp in ["relative", "/a/../b", "/a//b", "/", "/proc"] {
-        let mut bad = create_req("t", "bad-mount");
-        bad.workspace = Some(pb::WorkspaceSpec {
-            mount_path: mp.into(),
-            ..Default::default()
-        });
-        assert_eq!(
-            c.create_sandbox(bad).await.unwrap_err().code(),
-            Code::InvalidArgument,
-            "{mp}"
-        );
+        let bad = with_workspace(create_req("t", "bad-mount"), "", "", mp);
+        assert_code(c.create_sandbox(bad).await, Code::InvalidArgument, mp);
     }
     // `local`: a plain directory.
-    let mut req = create_req("t", "local");
-    req.workspace = Some(pb::WorkspaceSpec {
-        storage_class: "local".into(),
-        mount_path: "/home/user/work".into(),
-        ..Default::default()
-    });
+    let req = with_workspace(create_req("t", "local"), "local", "", "/home/user/work");
     let local = ready_sandbox(&mut c, req).await;
     assert!(!d
         .state_dir()
@@ -684,16 +561,10 @@ async fn storage_classes_mount_paths_and_sparse_volumes() {
         sh(&mut c, &local, "pwd; echo hi > f; cat /home/user/work/f").await,
         "/home/user/work\nhi\n"
     );
-    let r = c
-        .read_file(pb::ReadFileRequest {
-            sandbox_id: local.clone(),
-            path: "/home/user/work/f".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.data, b"hi\n");
+    assert_eq!(
+        read_file(&mut c, &local, "/home/user/work/f").await.data,
+        b"hi\n"
+    );
     // `standard` (the default): sparse 5 GiB ext4 volumes.
     let mut ids = Vec::new();
     for i in 0..5 {
@@ -722,26 +593,15 @@ async fn storage_classes_mount_paths_and_sparse_volumes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn soft_delete_then_gc_after_the_grace_period() {
     need!();
-    let mut d = start("gc", "workspace_grace_secs = 4\ngc_interval_secs = 0");
-    let mut c = d.client().await;
+    let (mut d, mut c) = start_client("gc", "workspace_grace_secs = 4\ngc_interval_secs = 0").await;
     let id = ready_sandbox(&mut c, create_req("t", "gc")).await;
     let keep = ready_sandbox(&mut c, create_req("t", "gc-live")).await;
     sh(&mut c, &id, "echo precious > /workspace/notes.txt").await;
-    c.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c, &id).await;
     let base = d.state_dir().join("workspaces").join(&id);
-    let socket = d.socket.clone();
     let config = d.config.clone();
-    let computectl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_computectl"))
-            .arg("--socket")
-            .arg(&socket)
-            .args(args)
-            .output()
-            .unwrap();
+    let computectl = |d: &Daemon, args: &[&str]| {
+        let out = d.computectl(args);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -759,12 +619,12 @@ async fn soft_delete_then_gc_after_the_grace_period() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     // Operators see it in the trash and can read it.
-    let (ok, out, _) = computectl(&["trash", "ls"]);
+    let (ok, out, _) = computectl(&d, &["trash", "ls"]);
     assert!(ok && out.contains(&id));
-    let (ok, out, err) = computectl(&["trash", "cat", &id, "notes.txt"]);
+    let (ok, out, err) = computectl(&d, &["trash", "cat", &id, "notes.txt"]);
     assert!(ok, "{err}");
     assert_eq!(out, "precious\n");
-    let (ok, _, _) = computectl(&["trash", "cat", &id, "../../etc/passwd"]);
+    let (ok, _, _) = computectl(&d, &["trash", "cat", &id, "../../etc/passwd"]);
     assert!(!ok);
     // Not expired: GC deletes nothing, also across a daemon restart.
     assert!(computed_gc().contains("0 workspace(s)"));
@@ -790,11 +650,7 @@ async fn soft_delete_then_gc_after_the_grace_period() {
     let mut d2 = start("gcloop", "workspace_grace_secs = 1\ngc_interval_secs = 1");
     let mut c2 = d2.client().await;
     let id2 = ready_sandbox(&mut c2, create_req("t", "gcloop")).await;
-    c2.destroy_sandbox(pb::DestroySandboxRequest {
-        sandbox_id: id2.clone(),
-    })
-    .await
-    .unwrap();
+    destroy(&mut c2, &id2).await;
     let base2 = d2.state_dir().join("workspaces").join(&id2);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while base2.exists() {
@@ -812,61 +668,33 @@ async fn soft_delete_then_gc_after_the_grace_period() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r = c2
-        .describe_sandbox(pb::DescribeSandboxRequest {
-            sandbox_id: id2.clone(),
-        })
-        .await;
-    assert_eq!(r.unwrap_err().code(), Code::NotFound);
+    assert_code(
+        try_describe(&mut c2, &id2).await,
+        Code::NotFound,
+        "describe a sandbox the GC forgot",
+    );
     d2.kill9();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reader_never_sees_a_torn_write() {
     need!();
-    let d = start("atomic", "");
-    let mut c = d.client().await;
-    let id = ready_sandbox(&mut c, create_req("t", "atomic")).await;
-    let write = |c: &mut ComputeServiceClient<Channel>, b: u8| {
-        let req = pb::WriteFileRequest {
-            sandbox_id: id.clone(),
-            path: "f".into(),
-            data: vec![b; 4 << 20],
-            ..Default::default()
-        };
-        let mut c = c.clone();
-        async move { c.write_file(req).await.unwrap() }
-    };
-    write(&mut c, b'A').await;
+    let (d, mut c, id) = start_sandbox("atomic", "").await;
+    write_file(&mut c, &id, "f", vec![b'A'; 4 << 20]).await;
     let mut wc = d.client().await;
     let writer = tokio::spawn({
         let id = id.clone();
         async move {
             for i in 0..60u32 {
                 let b = if i % 2 == 0 { b'B' } else { b'A' };
-                wc.write_file(pb::WriteFileRequest {
-                    sandbox_id: id.clone(),
-                    path: "f".into(),
-                    data: vec![b; 4 << 20],
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+                write_file(&mut wc, &id, "f", vec![b; 4 << 20]).await;
             }
         }
     });
     let mut reads = 0;
     let mut seen = std::collections::HashSet::new();
     while !writer.is_finished() {
-        let r = c
-            .read_file(pb::ReadFileRequest {
-                sandbox_id: id.clone(),
-                path: "f".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = read_file(&mut c, &id, "f").await;
         assert_eq!(r.data.len(), 4 << 20, "a read saw a partial file");
         let first = r.data[0];
         assert!(r.data.iter().all(|b| *b == first), "a read saw a torn mix");

@@ -7,7 +7,19 @@
 
 #![allow(dead_code)]
 
+/// Returns from the test when its prerequisites are missing (see [`prerequisites`]): a test
+/// file declares `#[macro_use] mod common;` and starts each test with `need!();`.
+#[allow(unused_macros)]
+macro_rules! need {
+    () => {
+        if !$crate::common::prerequisites() {
+            return;
+        }
+    };
+}
+
 pub mod pki;
+pub mod relay;
 pub mod router;
 
 use std::path::{Path, PathBuf};
@@ -17,8 +29,12 @@ use std::time::{Duration, Instant};
 use computed::api::compute::v1 as pb;
 use pb::compute_service_client::ComputeServiceClient;
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 
 pub use pb::SandboxStatus;
+
+/// A ComputeService client.
+pub type Client = ComputeServiceClient<Channel>;
 
 /// containerd's socket for tests.
 pub fn containerd_socket() -> PathBuf {
@@ -108,14 +124,24 @@ pub fn prerequisites() -> bool {
             agent_binary().display()
         ));
     }
+    nothing_missing(&missing)
+}
+
+/// True when `missing` is empty; otherwise fails the test under CI (`CI` set) and elsewhere
+/// prints why it is skipped and returns false.
+pub fn nothing_missing(missing: &[String]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let msg = format!("missing prerequisites: {}", missing.join(", "));
+    skip(&format!("missing prerequisites: {}", missing.join(", ")))
+}
+
+/// A test that cannot run: under CI a failure, elsewhere `SKIPPED: why` and false.
+pub fn skip(why: &str) -> bool {
     if std::env::var_os("CI").is_some() {
-        panic!("{msg}");
+        panic!("{why}");
     }
-    eprintln!("SKIPPED: {msg}");
+    eprintln!("SKIPPED: {why}");
     false
 }
 
@@ -128,12 +154,103 @@ pub fn which(bin: &str) -> Option<PathBuf> {
     })
 }
 
-fn free_port() -> u16 {
+/// A TCP port on loopback that was free a moment ago.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// `127.0.0.1:PORT` with a [`free_port`].
+pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// Waits until something listens on `addr`, for at most `within`; `exited` is asked between
+/// tries and stops the wait with a panic when it returns a reason (a process that died).
+pub fn wait_listening(
+    addr: &str,
+    within: Duration,
+    what: &str,
+    mut exited: impl FnMut() -> Option<String>,
+) {
+    let deadline = Instant::now() + within;
+    while std::net::TcpStream::connect(addr).is_err() {
+        if let Some(why) = exited() {
+            panic!("{why}");
+        }
+        assert!(Instant::now() < deadline, "{what} did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A log file opened for appending (created if need be).
+pub fn append_log(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+}
+
+/// Kills and reaps the process, if there is one.
+pub fn kill_child(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A plaintext channel to `addr` (`host:port`).
+pub async fn try_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+}
+
+/// A plaintext channel to `addr` (`host:port`), which must answer.
+pub async fn channel(addr: &str) -> Channel {
+    try_channel(addr).await.unwrap()
+}
+
+/// A plaintext channel over the unix socket at `path`.
+pub async fn unix_channel(path: &Path) -> Channel {
+    let p = path.to_path_buf();
+    tonic::transport::Endpoint::try_from("http://[::]")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let p = p.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(p).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+/// Asserts that `o` exited 0, naming `what` and its stderr otherwise; returns stdout as text.
+pub fn assert_success(o: &std::process::Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// A running node daemon.
@@ -181,9 +298,8 @@ pub fn start_with(name: &str, extra_config: &str, opts: Options) -> Daemon {
         .tempdir()
         .unwrap();
     let namespace = format!("test-{name}-{}", std::process::id());
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let metrics = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
+    let metrics = free_addr();
     let socket = dir.path().join("compute.sock");
     let config = dir.path().join("config.toml");
     let containerd = opts.containerd.unwrap_or_else(containerd_socket);
@@ -232,14 +348,24 @@ pub fn start_with(name: &str, extra_config: &str, opts: Options) -> Daemon {
     d
 }
 
+/// [`start`]s a daemon and connects a client to it.
+pub async fn start_client(name: &str, extra_config: &str) -> (Daemon, Client) {
+    let d = start(name, extra_config);
+    let c = d.client().await;
+    (d, c)
+}
+
+/// [`start_client`], and a READY sandbox of tenant `t`, session `name`, on the daemon.
+pub async fn start_sandbox(name: &str, extra_config: &str) -> (Daemon, Client, String) {
+    let (d, mut c) = start_client(name, extra_config).await;
+    let id = ready_sandbox(&mut c, create_req("t", name)).await;
+    (d, c, id)
+}
+
 impl Daemon {
     /// Starts (or restarts) the daemon process and waits until it serves.
     pub fn spawn(&mut self) {
-        let logf = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
+        let logf = append_log(&self.log);
         let child = computed_command()
             .arg("--config")
             .arg(&self.config)
@@ -267,10 +393,7 @@ impl Daemon {
 
     /// Kills the daemon with SIGKILL (sandboxes keep running).
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// The daemon's log so far.
@@ -279,32 +402,27 @@ impl Daemon {
     }
 
     /// A client over TCP.
-    pub async fn client(&self) -> ComputeServiceClient<Channel> {
-        let ch = Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        ComputeServiceClient::new(ch)
+    pub async fn client(&self) -> Client {
+        ComputeServiceClient::new(channel(&self.addr).await)
             .max_decoding_message_size(32 << 20)
             .max_encoding_message_size(32 << 20)
     }
 
     /// A channel over the unix socket (always plaintext, whatever the TCP listener speaks).
     pub async fn local_channel(&self) -> Channel {
-        let p = self.socket.clone();
-        tonic::transport::Endpoint::try_from("http://[::]")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let p = p.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(p).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap()
+        unix_channel(&self.socket).await
+    }
+
+    /// `computectl --socket SOCKET`, to add arguments to.
+    pub fn computectl_command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_computectl"));
+        c.arg("--socket").arg(&self.socket);
+        c
+    }
+
+    /// Runs `computectl --socket SOCKET ARGS` to the end.
+    pub fn computectl(&self, args: &[&str]) -> std::process::Output {
+        self.computectl_command().args(args).output().unwrap()
     }
 
     /// GET /metrics, as text.
@@ -409,6 +527,167 @@ pub fn exec_req(id: &str, cmd: &str, args: &[&str]) -> pb::ExecCommandRequest {
     }
 }
 
+/// `req` with these limits (0: the default).
+pub fn with_limits(
+    mut req: pb::CreateSandboxRequest,
+    cpu_millis: u32,
+    memory_bytes: u64,
+) -> pb::CreateSandboxRequest {
+    req.limits = Some(pb::ResourceLimits {
+        cpu_millis,
+        memory_bytes,
+        ..Default::default()
+    });
+    req
+}
+
+/// `req` with this workspace (empty: the default).
+pub fn with_workspace(
+    mut req: pb::CreateSandboxRequest,
+    storage_class: &str,
+    size: &str,
+    mount_path: &str,
+) -> pb::CreateSandboxRequest {
+    // The rest at its defaults, should WorkspaceSpec grow fields.
+    #[allow(clippy::needless_update)]
+    let spec = pb::WorkspaceSpec {
+        storage_class: storage_class.into(),
+        size: size.into(),
+        mount_path: mount_path.into(),
+        ..Default::default()
+    };
+    req.workspace = Some(spec);
+    req
+}
+
+/// A protobuf Duration of whole seconds.
+pub fn secs(seconds: i64) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration { seconds, nanos: 0 })
+}
+
+/// An ExecCommandRequest with a timeout of `timeout` seconds.
+pub fn timed(id: &str, cmd: &str, args: &[&str], timeout: i64) -> pb::ExecCommandRequest {
+    let mut r = exec_req(id, cmd, args);
+    r.timeout = secs(timeout);
+    r
+}
+
+/// CreateSandbox.
+pub async fn create(c: &mut Client, req: pb::CreateSandboxRequest) -> pb::CreateSandboxResponse {
+    c.create_sandbox(req).await.unwrap().into_inner()
+}
+
+/// DescribeSandbox, as it answered.
+pub async fn try_describe(c: &mut Client, id: &str) -> Result<pb::DescribeSandboxResponse, Status> {
+    c.describe_sandbox(pb::DescribeSandboxRequest {
+        sandbox_id: id.into(),
+    })
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// DescribeSandbox, which must succeed.
+pub async fn describe(c: &mut Client, id: &str) -> pb::DescribeSandboxResponse {
+    try_describe(c, id).await.unwrap()
+}
+
+/// DestroySandbox, as it answered.
+pub async fn try_destroy(c: &mut Client, id: &str) -> Result<pb::DestroySandboxResponse, Status> {
+    c.destroy_sandbox(pb::DestroySandboxRequest {
+        sandbox_id: id.into(),
+    })
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// DestroySandbox, which must succeed.
+pub async fn destroy(c: &mut Client, id: &str) -> pb::DestroySandboxResponse {
+    try_destroy(c, id).await.unwrap()
+}
+
+/// A WriteFileRequest (replace, default mode).
+pub fn write_req(id: &str, path: &str, data: impl Into<Vec<u8>>) -> pb::WriteFileRequest {
+    pb::WriteFileRequest {
+        sandbox_id: id.into(),
+        path: path.into(),
+        data: data.into(),
+        ..Default::default()
+    }
+}
+
+/// WriteFile, as it answered.
+pub async fn try_write_file(
+    c: &mut Client,
+    id: &str,
+    path: &str,
+    data: impl Into<Vec<u8>>,
+) -> Result<pb::WriteFileResponse, Status> {
+    c.write_file(write_req(id, path, data))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// WriteFile, which must succeed.
+pub async fn write_file(
+    c: &mut Client,
+    id: &str,
+    path: &str,
+    data: impl Into<Vec<u8>>,
+) -> pb::WriteFileResponse {
+    try_write_file(c, id, path, data).await.unwrap()
+}
+
+/// A ReadFileRequest of the whole file.
+pub fn read_req(id: &str, path: &str) -> pb::ReadFileRequest {
+    pb::ReadFileRequest {
+        sandbox_id: id.into(),
+        path: path.into(),
+        ..Default::default()
+    }
+}
+
+/// ReadFile of the whole file, as it answered.
+pub async fn try_read_file(
+    c: &mut Client,
+    id: &str,
+    path: &str,
+) -> Result<pb::ReadFileResponse, Status> {
+    c.read_file(read_req(id, path))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// ReadFile of the whole file, which must succeed.
+pub async fn read_file(c: &mut Client, id: &str, path: &str) -> pb::ReadFileResponse {
+    try_read_file(c, id, path).await.unwrap()
+}
+
+/// A ListFilesRequest, not recursive, with the default limit.
+pub fn list_req(id: &str, path: &str) -> pb::ListFilesRequest {
+    pb::ListFilesRequest {
+        sandbox_id: id.into(),
+        path: path.into(),
+        ..Default::default()
+    }
+}
+
+/// ListFiles, which must succeed.
+pub async fn list_files(c: &mut Client, req: pb::ListFilesRequest) -> pb::ListFilesResponse {
+    c.list_files(req).await.unwrap().into_inner()
+}
+
+/// Asserts that `r` failed with `want`; `what` names the call in the message. Returns the
+/// status.
+pub fn assert_code<T: std::fmt::Debug>(r: Result<T, Status>, want: Code, what: &str) -> Status {
+    match r {
+        Ok(v) => panic!("{what}: expected {want:?}, got {v:?}"),
+        Err(s) => {
+            assert_eq!(s.code(), want, "{what}: {s:?}");
+            s
+        }
+    }
+}
+
 /// The collected result of an exec.
 #[derive(Debug, Default)]
 pub struct ExecOut {
@@ -437,10 +716,7 @@ impl ExecOut {
 }
 
 /// Runs an exec to completion.
-pub async fn exec(
-    c: &mut ComputeServiceClient<Channel>,
-    req: pb::ExecCommandRequest,
-) -> Result<ExecOut, tonic::Status> {
+pub async fn exec(c: &mut Client, req: pb::ExecCommandRequest) -> Result<ExecOut, tonic::Status> {
     let mut stream = c.exec_command(req).await?.into_inner();
     let mut out = ExecOut::default();
     while let Some(ev) = stream.message().await? {
@@ -457,8 +733,21 @@ pub async fn exec(
     Ok(out)
 }
 
+/// Starts `sh -c script` in a sandbox: its event stream, as it comes.
+pub async fn sh_stream(c: &mut Client, id: &str, script: &str) -> tonic::Streaming<pb::ExecEvent> {
+    c.exec_command(exec_req(id, "sh", &["-c", script]))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The sandbox's status, as DescribeSandbox reports it.
+pub async fn status_of(c: &mut Client, id: &str) -> SandboxStatus {
+    SandboxStatus::try_from(describe(c, id).await.status).unwrap()
+}
+
 /// Runs a shell command in a sandbox and returns its output, asserting exit 0.
-pub async fn sh(c: &mut ComputeServiceClient<Channel>, id: &str, script: &str) -> String {
+pub async fn sh(c: &mut Client, id: &str, script: &str) -> String {
     let o = exec(c, exec_req(id, "sh", &["-c", script])).await.unwrap();
     assert_eq!(
         o.code(),
@@ -471,10 +760,7 @@ pub async fn sh(c: &mut ComputeServiceClient<Channel>, id: &str, script: &str) -
 }
 
 /// Creates a sandbox and waits until it is READY.
-pub async fn ready_sandbox(
-    c: &mut ComputeServiceClient<Channel>,
-    req: pb::CreateSandboxRequest,
-) -> String {
+pub async fn ready_sandbox(c: &mut Client, req: pb::CreateSandboxRequest) -> String {
     let id = c.create_sandbox(req).await.unwrap().into_inner().sandbox_id;
     wait_status(c, &id, SandboxStatus::Ready, Duration::from_secs(30)).await;
     id
@@ -482,20 +768,14 @@ pub async fn ready_sandbox(
 
 /// Polls DescribeSandbox until the status is `want`.
 pub async fn wait_status(
-    c: &mut ComputeServiceClient<Channel>,
+    c: &mut Client,
     id: &str,
     want: SandboxStatus,
     within: Duration,
 ) -> pb::DescribeSandboxResponse {
     let deadline = Instant::now() + within;
     loop {
-        let d = c
-            .describe_sandbox(pb::DescribeSandboxRequest {
-                sandbox_id: id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let d = describe(c, id).await;
         if d.status == want as i32 {
             return d;
         }
@@ -507,6 +787,23 @@ pub async fn wait_status(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits (at most `within`) until the sandbox is FAILED, and asserts that the reason mentions
+/// `why`.
+pub async fn wait_failed(
+    c: &mut Client,
+    id: &str,
+    within: Duration,
+    why: &str,
+) -> pb::DescribeSandboxResponse {
+    let desc = wait_status(c, id, SandboxStatus::Failed, within).await;
+    assert!(
+        desc.failure_reason.contains(why),
+        "failure reason of {id}: {:?}",
+        desc.failure_reason
+    );
+    desc
 }
 
 /// Host processes whose command line mentions `needle`.

@@ -2,10 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use computed::api::compute::v1::compute_service_client::ComputeServiceClient;
 use tonic::transport::Channel;
+
+use super::{append_log, channel, free_addr, kill_child, wait_listening};
 
 /// The router's flags read from the environment, removed so that the test's flags are all of
 /// its configuration.
@@ -23,6 +25,58 @@ pub const ROUTER_ENV: &[&str] = &[
     "COMPUTE_ROUTER_TLS_CLIENT_CA",
 ];
 
+/// `router --listen LISTEN --nodes NODES --metrics-listen ""`: the arguments of every router
+/// the tests start (no metrics listener).
+pub fn router_args<'a>(listen: &'a str, nodes: &'a str) -> [&'a str; 7] {
+    [
+        "router",
+        "--listen",
+        listen,
+        "--nodes",
+        nodes,
+        "--metrics-listen",
+        "",
+    ]
+}
+
+/// The value of `--flag V` or `--flag=V` in `args`.
+pub fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let eq = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(&eq)
+        }
+    })
+}
+
+/// The binary accepts the router's `args` (clap exits 2 on an unknown flag), TLS flags
+/// included. No cluster here: with no kubeconfig and no in-cluster environment the router
+/// stops at Kubernetes discovery, after clap has accepted (or refused) every flag. `what`
+/// names the manifests in the message.
+pub fn assert_router_args_accepted(args: &[String], what: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_computed"))
+        .args(args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("HOME", "/nonexistent")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("COMPUTE_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(
+        out.status.code(),
+        Some(2),
+        "{what}: router args refused: {err}"
+    );
+    assert!(
+        !err.contains("Usage:"),
+        "{what}: router args refused: {err}"
+    );
+}
+
 /// A running `computed router`.
 pub struct RouterProc {
     child: Option<Child>,
@@ -30,6 +84,7 @@ pub struct RouterProc {
     pub addr: String,
     nodes: String,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
     /// Its log (stderr, appended across restarts).
     pub log: PathBuf,
 }
@@ -51,16 +106,26 @@ impl RouterProc {
 
     /// Like [`RouterProc::start`], with extra flags.
     pub fn start_with(nodes: &str, dir: &Path, name: &str, extra: &[&str]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        Self::start_env(nodes, dir, name, extra, &[])
+    }
+
+    /// Like [`RouterProc::start_with`], with environment variables for the process.
+    pub fn start_env(
+        nodes: &str,
+        dir: &Path,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut r = RouterProc {
             child: None,
-            addr: format!("127.0.0.1:{port}"),
+            addr: free_addr(),
             nodes: nodes.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             log: dir.join(format!("router-{name}.log")),
         };
         r.spawn();
@@ -69,43 +134,28 @@ impl RouterProc {
 
     /// Starts (or restarts) the process and waits until it listens.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
+        let log = append_log(&self.log);
         let mut child = router_command()
-            .args([
-                "router",
-                "--listen",
-                &self.addr,
-                "--nodes",
-                &self.nodes,
-                "--metrics-listen",
-                "",
-            ])
+            .args(router_args(&self.addr, &self.nodes))
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&self.addr).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("router exited with {status}; log:\n{}", self.log_text());
-            }
-            assert!(Instant::now() < deadline, "router did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_listening(&self.addr, Duration::from_secs(20), "router", || {
+            let status = child.try_wait().ok()??;
+            Some(format!(
+                "router exited with {status}; log:\n{}",
+                self.log_text()
+            ))
+        });
         self.child = Some(child);
     }
 
     /// Kills the process.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// The log so far.
@@ -115,12 +165,7 @@ impl RouterProc {
 
     /// A plaintext ComputeService client.
     pub async fn client(&self) -> ComputeServiceClient<Channel> {
-        let ch = Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        ComputeServiceClient::new(ch)
+        ComputeServiceClient::new(channel(&self.addr).await)
     }
 
     /// Waits until the router has polled every node once.
