@@ -107,3 +107,49 @@ async fn a_sandbox_image_that_is_not_local_is_pulled() {
     wait_failed(&mut c, &id, Duration::from_secs(30), "pull").await;
     destroy(&mut c, &id).await;
 }
+
+/// Destroy of a sandbox whose image pull hangs (a registry that accepts connections and never
+/// answers) answers at once: the pull runs outside the sandbox's lock and Destroy cancels it.
+#[tokio::test(flavor = "multi_thread")]
+async fn destroy_of_a_sandbox_stuck_in_a_pull_answers_at_once() {
+    need!();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let h2 = held.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            h2.lock().unwrap().push(s);
+        }
+    });
+    let d = start("slowpull", &format!("insecure_registries = [{addr:?}]"));
+    let mut c = d.client().await;
+    let mut req = create_req("t", "slow");
+    req.image = format!("{addr}/sandbox/python:v1");
+    let id = c.create_sandbox(req).await.unwrap().into_inner().sandbox_id;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while held.lock().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never dialed the registry"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Starting);
+    let t0 = std::time::Instant::now();
+    destroy(&mut c, &id).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "Destroy waited for the pull: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Destroyed);
+    assert!(
+        !d.ctr(&["containers", "ls", "-q"]).contains(&id),
+        "nothing left"
+    );
+    // The cancelled provisioning never comes back to start it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(d.ctr(&["tasks", "ls", "-q"]).trim().is_empty());
+    assert!(!d.log_text().contains("sandbox ready"));
+}

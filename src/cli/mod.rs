@@ -97,21 +97,12 @@ impl Target {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot reach {addr}: {e}"));
         }
-        let path = self.socket.clone();
-        let shown = path.display().to_string();
-        Endpoint::try_from("http://[::]")?
-            .connect_with_connector(tower::service_fn(move |_| {
-                let p = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(p).await?,
-                    ))
-                }
-            }))
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!("cannot reach the node at {shown}: {e} (is `computed node` running? try `computectl doctor`)")
-            })
+        crate::client::unix_channel(&self.socket).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the node at {}: {e} (is `computed node` running? try `computectl doctor`)",
+                self.socket.display()
+            )
+        })
     }
 
     fn client_tls(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {

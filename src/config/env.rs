@@ -126,7 +126,10 @@ mod tests {
     fn the_readme_lists_every_variable() {
         let readme = include_str!("../../README.md");
         for v in super::env_vars() {
-            assert!(readme.contains(&format!("| `{v}` |")) || v == super::CONFIG_FILE_ENV, "{v}");
+            assert!(
+                readme.contains(&format!("| `{v}` |")) || v == super::CONFIG_FILE_ENV,
+                "{v}"
+            );
         }
         assert!(readme.contains(super::CONFIG_FILE_ENV));
     }

@@ -350,8 +350,14 @@ async fn shutdown_drains_every_task_and_starts_nothing_new() {
     // Provisioning of another one hangs in its pull: shutdown cuts it.
     h.rt.hang(Op::Resolve);
     let stuck = h.create("stuck").await.unwrap();
-    assert!(h.node.tasks().len() >= 3, "deadlines, an exit watch, a provisioning");
-    assert!(h.node.shutdown(Duration::from_secs(5)).await, "every task ended");
+    assert!(
+        h.node.tasks().len() >= 3,
+        "deadlines, an exit watch, a provisioning"
+    );
+    assert!(
+        h.node.shutdown(Duration::from_secs(5)).await,
+        "every task ended"
+    );
     assert!(h.node.tasks().is_empty());
     let e = h.create("new").await.unwrap_err();
     assert!(e.is_unavailable(), "{e}");

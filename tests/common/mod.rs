@@ -64,31 +64,12 @@ pub fn agent_binary() -> PathBuf {
         })
 }
 
-/// Environment variables that override a daemon's config file (`Config::apply_env`).
-pub const CONFIG_ENV: &[&str] = &[
-    "COMPUTE_CONFIG",
-    "COMPUTE_LISTEN",
-    "COMPUTE_SOCKET",
-    "COMPUTE_METRICS_LISTEN",
-    "CONTAINERD_ADDRESS",
-    "COMPUTE_STATE_DIR",
-    "COMPUTE_RUN_DIR",
-    "COMPUTE_NAMESPACE",
-    "COMPUTE_NODE_NAME",
-    "COMPUTE_DRAINING",
-    "SANDBOX_IMAGE",
-    "PVC_STORAGE_CLASS",
-    "PVC_WORKSPACE_SIZE",
-    "COMPUTE_AGENT",
-    "COMPUTE_AGENT_BINARY",
-    "COMPUTE_POOL",
-];
-
 /// `computed` with none of the environment overrides: the config file a test writes is the
 /// whole configuration (scripts/test exports CONTAINERD_ADDRESS, for one).
 pub fn computed_command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_computed"));
-    for k in CONFIG_ENV {
+    // The library's one list of the variables that override a config file.
+    for k in computed::config::env_vars() {
         c.env_remove(k);
     }
     c
@@ -228,19 +209,9 @@ pub async fn channel(addr: &str) -> Channel {
 
 /// A plaintext channel over the unix socket at `path`.
 pub async fn unix_channel(path: &Path) -> Channel {
-    let p = path.to_path_buf();
-    tonic::transport::Endpoint::try_from("http://[::]")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let p = p.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(p).await?,
-                ))
-            }
-        }))
+    computed::client::unix_channel(path)
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", path.display()))
 }
 
 /// Asserts that `o` exited 0, naming `what` and its stderr otherwise; returns stdout as text.
