@@ -48,6 +48,10 @@ pub async fn run(t: &Target, a: ExecArgs) -> anyhow::Result<i32> {
             nanos: 0,
         }),
     };
+    // One listener for the whole exec, registered before the command can start: a Ctrl-C
+    // that comes before the first message (or while one is written out) is not lost, also
+    // when computectl was started with SIGINT ignored (a background job of a script).
+    let mut ctrl_c = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut stream = t
         .compute()
         .await?
@@ -56,14 +60,10 @@ pub async fn run(t: &Target, a: ExecArgs) -> anyhow::Result<i32> {
         .answer(&format!("exec in {}", a.id))?;
     let mut out = std::io::stdout();
     let mut err = std::io::stderr();
-    // One listener for the whole exec: a fresh `ctrl_c()` per message would miss a Ctrl-C
-    // that arrives while a message is being written out.
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     loop {
         let msg = tokio::select! {
             m = stream.message() => m,
-            _ = &mut ctrl_c => {
+            _ = ctrl_c.recv() => {
                 // Dropping the stream cancels the exec on the node.
                 drop(stream);
                 eprintln!("computectl: cancelled");
