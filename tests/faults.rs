@@ -34,6 +34,13 @@ fn env_num(name: &str, default: usize) -> usize {
 
 /// What a daemon leaves on the host and in containerd, counted by its namespace, its state and
 /// run directories and the ids of its sandboxes (so parallel tests do not disturb the counts).
+/// Every test here ends with a census of what its sandboxes left on the host, and they run one
+/// at a time: a sandbox started while another test's workspace volume is mounted holds a copy
+/// of that mount in its own mount namespace (this host's mounts are private, not shared), so
+/// the other volume's loop device stays attached until that sandbox ends, which a census taken
+/// meanwhile would count as a leak.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Census {
     /// containerd shims of the namespace.
@@ -233,6 +240,7 @@ async fn session(mut c: Client, i: usize, execs: usize) -> (Option<String>, Vec<
 #[tokio::test(flavor = "multi_thread")]
 async fn load_sessions_in_parallel_leave_nothing_behind() {
     need!();
+    let _alone = ONE_AT_A_TIME.lock().await;
     let sessions = env_num("COMPUTE_LOAD_SESSIONS", if long() { 50 } else { 6 });
     let execs = env_num("COMPUTE_LOAD_EXECS", if long() { 20 } else { 5 });
     let d = start(
@@ -307,6 +315,7 @@ async fn in_flight(
 #[tokio::test(flavor = "multi_thread")]
 async fn kill9_under_load_keeps_every_ready_sandbox() {
     need!();
+    let _alone = ONE_AT_A_TIME.lock().await;
     kill9_under_load("kill9", "").await;
 }
 
@@ -315,6 +324,7 @@ async fn kill9_under_load_keeps_every_ready_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill9_under_load_with_containerd_execs() {
     need!();
+    let _alone = ONE_AT_A_TIME.lock().await;
     kill9_under_load("kill9ctr", "agent = false").await;
 }
 
@@ -527,6 +537,7 @@ async fn kill_sentry(c: &mut Client, id: &str) -> pb::DescribeSandboxResponse {
 #[tokio::test(flavor = "multi_thread")]
 async fn killing_the_runsc_sandbox_process_fails_the_sandbox_cleanly() {
     need!();
+    let _alone = ONE_AT_A_TIME.lock().await;
     let d = start("sentry", "");
     let before = Census::take(&d, &BTreeSet::new());
     let mut c = d.client().await;
@@ -665,6 +676,7 @@ impl Drop for OwnContainerd {
 #[tokio::test(flavor = "multi_thread")]
 async fn containerd_restart_keeps_sandboxes_and_the_daemon_reconnects() {
     need!();
+    let _alone = ONE_AT_A_TIME.lock().await;
     let mut ctrd = OwnContainerd::start();
     let d = start_with(
         "ctrdrestart",
@@ -836,6 +848,7 @@ fn set_config(d: &Daemon, key: &str, value: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
     need!();
+    let _alone = ONE_AT_A_TIME.lock().await;
     let disk = Tmpfs::mount("160m");
     let mut d = start_with(
         "diskfull",
@@ -951,6 +964,7 @@ async fn a_full_workspace_disk_refuses_new_data_and_leaves_nothing_half_made() {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_loop_device_left_is_resource_exhausted() {
     need!();
+    let _alone = ONE_AT_A_TIME.lock().await;
     let d = start("loopcap", "max_loop_volumes = 2");
     let before = Census::take(&d, &BTreeSet::new());
     let mut c = d.client().await;
