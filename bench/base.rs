@@ -58,6 +58,8 @@ pub async fn sweep_namespace(containerd: &Path, namespace: &str) {
         name: String::new(),
         options: Default::default(),
         binary: Default::default(),
+        runsc: Default::default(),
+        platform: String::new(),
     };
     let rt = Runtime::new(ctr.clone(), choice, ImagePolicy::default());
     let Ok(containers) = ctr.list_containers().await else {
@@ -77,7 +79,13 @@ pub async fn sweep_namespace(containerd: &Path, namespace: &str) {
 
 impl Base {
     /// Prepares the baseline's directories and config (nothing runs yet).
-    pub fn new(image_tar: &Path, containerd: &Path, runsc: &Path, dir: PathBuf) -> Result<Base> {
+    pub fn new(
+        image_tar: &Path,
+        containerd: &Path,
+        runsc: &Path,
+        platform: &str,
+        dir: PathBuf,
+    ) -> Result<Base> {
         std::fs::create_dir_all(dir.join("workspaces"))
             .with_context(|| format!("create {}", dir.display()))?;
         let cfg = Config {
@@ -86,6 +94,7 @@ impl Base {
             state_dir: dir.join("state"),
             run_dir: dir.join("run"),
             runsc_path: runsc.to_path_buf(),
+            runsc_platform: platform.to_string(),
             runtime: RuntimeKind::Auto,
             ..Config::default()
         };

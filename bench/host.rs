@@ -129,7 +129,7 @@ pub async fn drop_namespace(sock: &Path, ns: &str) {
 }
 
 /// The host's description for the report: cores and cgroup version.
-pub fn machine() -> String {
+pub fn machine(runsc: &Path, platform: &str) -> String {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
@@ -138,18 +138,15 @@ pub fn machine() -> String {
     } else {
         "cgroup v1"
     };
-    let runsc = Command::new("runsc")
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .map(|l| l.trim().to_string())
-        })
-        .unwrap_or_else(|| "runsc ?".into());
-    format!("{cores} cores, {cgroup}, {runsc}")
+    let info = computed::runtime::RunscInfo::probe(runsc);
+    let version = if info.version.is_empty() {
+        "runsc ?".to_string()
+    } else {
+        info.version.clone()
+    };
+    let platform =
+        computed::runtime::platform_for(platform, &info).unwrap_or_else(|e| e.to_string());
+    format!("{cores} cores, {cgroup}, {version}, platform {platform}")
 }
 
 #[cfg(test)]

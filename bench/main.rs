@@ -58,17 +58,24 @@ struct Args {
     /// The runsc binary (both sides).
     #[arg(long, default_value = "/usr/bin/runsc")]
     runsc: PathBuf,
+    /// runsc's platform on both sides (`ptrace`, `systrap`; empty: runsc's own default).
+    #[arg(long, default_value = "")]
+    platform: String,
     /// Storage class of ours' workspaces; empty = the daemon's default (`standard`, ext4-loop).
     #[arg(long, default_value = "")]
     storage_class: String,
     /// Scenario groups to run: cold (create_to_first_output_*, destroy), ready (exec_rtt_true,
-    /// write_read_16mib), throughput, density.
+    /// write_read_16mib), workloads (what agents run: a Python tool call, a shell pipeline,
+    /// the data stack's import, a burst of 50 execs), throughput, density.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cold,ready,throughput,density"
+        default_value = "cold,ready,workloads,throughput,density"
     )]
     only: Vec<String>,
+    /// Override: rounds of the workloads per side.
+    #[arg(long)]
+    workload_rounds: Option<usize>,
     /// Override: cold creates per side.
     #[arg(long)]
     creates: Option<usize>,
@@ -107,6 +114,7 @@ impl Args {
                     .max(1),
             ),
             density: self.density.unwrap_or(if q { 20 } else { 200 }),
+            workload_rounds: self.workload_rounds.unwrap_or(if q { 3 } else { 10 }),
             mem_reserve: self.mem_reserve_mib << 20,
         }
     }
@@ -139,7 +147,7 @@ async fn bench(args: Args) -> Result<u8> {
         bail!("must run as root (sandboxes need root)");
     }
     for g in &args.only {
-        if !["cold", "ready", "throughput", "density"].contains(&g.as_str()) {
+        if !["cold", "ready", "workloads", "throughput", "density"].contains(&g.as_str()) {
             bail!("unknown scenario group {g:?}");
         }
     }
@@ -176,7 +184,7 @@ async fn bench(args: Args) -> Result<u8> {
     eprintln!(
         "compute-bench: {} run on {}; scratch {}",
         if args.quick { "quick" } else { "full" },
-        host::machine(),
+        host::machine(&args.runsc, &args.platform),
         tmp.display()
     );
     eprintln!("compute-bench: plan {plan:?}");
@@ -188,10 +196,17 @@ async fn bench(args: Args) -> Result<u8> {
                 &image_tar,
                 &args.containerd,
                 &args.runsc,
+                &args.platform,
                 tmp.join("ours"),
                 &args.storage_class,
             )?,
-            Base::new(&image_tar, &args.containerd, &args.runsc, tmp.join("base"))?,
+            Base::new(
+                &image_tar,
+                &args.containerd,
+                &args.runsc,
+                &args.platform,
+                tmp.join("base"),
+            )?,
         ))
     })();
     let (ours, base) = match made {
@@ -442,6 +457,41 @@ async fn run(
         });
     }
 
+    if args.runs("workloads") {
+        eprintln!("compute-bench: workloads (sides take turns)");
+        let rounds = plan.workload_rounds;
+        let [ro, rb] = by_side(errs, scenarios::workloads(&live, rounds).await);
+        for (k, (name, argv, what)) in scenarios::WORKLOADS.iter().enumerate() {
+            push(Scenario {
+                name,
+                unit: "ms",
+                better: Better::Lower,
+                ours: side_of(&ro, |w| Side::measured(Dist::of(&w.ms[k], Better::Lower))),
+                baseline: side_of(&rb, |w| Side::measured(Dist::of(&w.ms[k], Better::Lower))),
+                notes: vec![format!(
+                    "{what}; one exec, start to end; ours: ExecCommand; baseline: Tasks.Exec \
+                     (`{}`)",
+                    argv.join(" ").replace('\n', "; ")
+                )],
+            });
+        }
+        push(Scenario {
+            name: "burst_50_execs",
+            unit: "ms",
+            better: Better::Lower,
+            ours: side_of(&ro, |w| {
+                Side::measured(Dist::of(&w.burst_ms, Better::Lower))
+            }),
+            baseline: side_of(&rb, |w| {
+                Side::measured(Dist::of(&w.burst_ms, Better::Lower))
+            }),
+            notes: vec![format!(
+                "{} `true` execs started at once in one sandbox, until the last has ended",
+                scenarios::BURST
+            )],
+        });
+    }
+
     if args.runs("throughput") {
         let r = each(&live, false, "exec throughput", |t| {
             scenarios::throughput(t, plan)
@@ -593,7 +643,7 @@ fn report(args: &Args, plan: &Plan, results: &[Scenario]) -> Result<()> {
          rounds, throughput {} sessions x {} s, density up to {}\n\n",
         if args.quick { "--quick" } else { "full" },
         chrono::Utc::now().format("%Y-%m-%d %H:%M"),
-        host::machine(),
+        host::machine(&args.runsc, &args.platform),
         plan.creates,
         plan.execs,
         plan.file_rounds,

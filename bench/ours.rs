@@ -45,6 +45,7 @@ impl Ours {
         image_tar: &Path,
         containerd: &Path,
         runsc: &Path,
+        platform: &str,
         dir: PathBuf,
         storage_class: &str,
     ) -> Result<Ours> {
@@ -60,7 +61,7 @@ impl Ours {
              containerd_socket = {containerd:?}\nnamespace = {namespace:?}\n\
              state_dir = {state:?}\nrun_dir = {run:?}\nruntime = \"auto\"\n\
              runsc_path = {runsc:?}\nsandbox_image = {IMAGE:?}\ngc_interval_secs = 0\n\
-             agent_binary = {agent:?}\n",
+             agent_binary = {agent:?}\nrunsc_platform = {platform:?}\n",
             socket = dir.join("compute.sock"),
             state = dir.join("state"),
             run = dir.join("run"),

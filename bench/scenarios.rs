@@ -29,6 +29,8 @@ pub struct Plan {
     pub density: usize,
     /// The density scenario stops early when MemAvailable falls below this.
     pub mem_reserve: u64,
+    /// Rounds of the agents' workloads per side.
+    pub workload_rounds: usize,
 }
 
 /// Runs `f`, failing after `secs` seconds.
@@ -392,4 +394,136 @@ pub async fn density<T: Target>(t: &T, plan: &Plan) -> Result<Density> {
         },
         stopped_early,
     })
+}
+
+/// What agents run, each on one ready sandbox per side (the sides take turns round by round).
+pub const WORKLOADS: &[(&str, &[&str], &str)] = &[
+    (
+        "python_tool_call",
+        &[
+            "python3",
+            "-c",
+            "import json, re, os, subprocess\n\
+             s = sum(i * i for i in range(10**6))\n\
+             for i in range(100):\n    \
+                 with open(f'/workspace/tool{i}.json', 'w') as f: json.dump({'i': i, 's': s}, f)\n\
+             print(len([n for n in os.listdir('/workspace') if re.match(r'tool\\d+', n)]))",
+        ],
+        "imports, a million-term sum, 100 small JSON files written to the workspace",
+    ),
+    (
+        "shell_pipeline",
+        &[
+            "sh",
+            "-c",
+            "grep 7 /workspace/lines.txt | sort -r | uniq | wc -l",
+        ],
+        "grep | sort | uniq | wc over a 300,000-line file (four processes)",
+    ),
+    (
+        "data_stack_import",
+        &[
+            "python3",
+            "-c",
+            "import numpy, pandas\nprint(int(pandas.DataFrame({'a': numpy.arange(10)}).a.sum()))",
+        ],
+        "import numpy and pandas from the default image and use them once",
+    ),
+];
+
+/// How many short execs a burst starts at once.
+pub const BURST: usize = 50;
+
+/// Wall times of the workloads and of the bursts, ms.
+#[derive(Default)]
+pub struct Workloads {
+    /// One list per entry of [`WORKLOADS`].
+    pub ms: Vec<Vec<f64>>,
+    /// Time until all [`BURST`] concurrent `true` execs have ended.
+    pub burst_ms: Vec<f64>,
+}
+
+async fn burst<T: Target>(t: &T, id: &str) -> Result<f64> {
+    let t0 = Instant::now();
+    let runs = (0..BURST).map(|_| async {
+        within(120, "burst exec", t.exec(id, &["true"]))
+            .await
+            .and_then(|o| o.check(None))
+    });
+    for r in futures::future::join_all(runs).await {
+        r?;
+    }
+    Ok(ms(t0.elapsed()))
+}
+
+/// One ready sandbox per side with a 300,000-line file; one warm-up round (not recorded), then
+/// `rounds` rounds of every workload and a burst, the sides taking turns.
+pub async fn workloads<T: Target>(sides: &[&T], rounds: usize) -> Vec<Result<Workloads>> {
+    let mut out: Vec<Result<Workloads>> = Vec::new();
+    let mut ids: Vec<Option<String>> = Vec::new();
+    let prepare = "seq 1 300000 | sed 's/$/ some text/' > /workspace/lines.txt";
+    for t in sides {
+        let made = async {
+            let (id, _) = within(90, "create", t.create_ready()).await?;
+            within(120, "prepare", t.exec(&id, &["sh", "-c", prepare]))
+                .await?
+                .check(None)?;
+            Ok::<_, anyhow::Error>(id)
+        };
+        match made.await {
+            Ok(id) => {
+                ids.push(Some(id));
+                out.push(Ok(Workloads {
+                    ms: vec![Vec::new(); WORKLOADS.len()],
+                    burst_ms: Vec::new(),
+                }));
+            }
+            Err(e) => {
+                eprintln!("compute-bench: workloads: {} failed: {e:#}", t.name());
+                ids.push(None);
+                out.push(Err(e));
+            }
+        }
+    }
+    for i in 0..=rounds {
+        for s in order(sides.len(), i) {
+            let (Ok(acc), Some(id)) = (&mut out[s], &ids[s]) else {
+                continue;
+            };
+            let mut round = Vec::new();
+            let mut failed = None;
+            for (name, argv, _) in WORKLOADS {
+                match within(300, name, sides[s].exec(id, argv))
+                    .await
+                    .and_then(|o| o.check(None))
+                {
+                    Ok(o) => round.push(ms(o.total)),
+                    Err(e) => {
+                        failed = Some(e.context(*name));
+                        break;
+                    }
+                }
+            }
+            let b = match failed {
+                None => burst(sides[s], id).await,
+                Some(e) => Err(e),
+            };
+            match b {
+                Ok(b) if i > 0 => {
+                    for (k, v) in round.into_iter().enumerate() {
+                        acc.ms[k].push(v);
+                    }
+                    acc.burst_ms.push(b);
+                }
+                Ok(_) => {}
+                Err(e) => fail(sides[s], "workloads", &mut out[s], e),
+            }
+        }
+    }
+    for (t, id) in sides.iter().zip(&ids) {
+        if let Some(id) = id {
+            destroy_all(*t, std::slice::from_ref(id)).await;
+        }
+    }
+    out
 }

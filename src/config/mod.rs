@@ -71,7 +71,8 @@ pub struct Config {
     pub runtime: RuntimeKind,
     /// The runsc binary.
     pub runsc_path: PathBuf,
-    /// runsc `--platform`; empty keeps runsc's default.
+    /// runsc `--platform` (`ptrace`, `systrap`, `kvm`); empty keeps runsc's default (ptrace in
+    /// 20221219, systrap from 2023). One the binary does not offer stops the node.
     pub runsc_platform: String,
     /// Extra runsc flags (global flags, e.g. `--debug`).
     pub runsc_flags: Vec<String>,
@@ -356,6 +357,12 @@ impl Config {
         }
         if self.exec_timeout_cap_secs == 0 || self.sample_interval_ms == 0 {
             return bad("exec_timeout_cap_secs and sample_interval_ms must be > 0".into());
+        }
+        if !["", "ptrace", "systrap", "kvm"].contains(&self.runsc_platform.as_str()) {
+            return bad(format!(
+                "runsc_platform {:?} is not ptrace, systrap or kvm (or empty: runsc's default)",
+                self.runsc_platform
+            ));
         }
         if !self.state_dir.is_absolute() || !self.run_dir.is_absolute() {
             return bad("state_dir and run_dir must be absolute".into());

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 use prost_types::Any;
 
-use super::{io_err, spec, Result};
+use super::runsc::RunscInfo;
+use super::{io_err, spec, Error, Result};
 use crate::config::{Config, RuntimeKind};
 
 /// Options of the runc v2 shim (`containerd.runc.v1.Options`), the fields we set.
@@ -39,6 +40,30 @@ pub struct RuntimeChoice {
     /// What containerd's shim runs: the runsc wrapper (runc-wrapper) or the shim's config
     /// file (runsc-shim). `computectl doctor` checks it.
     pub binary: PathBuf,
+    /// The runsc binary: its version and features.
+    pub runsc: RunscInfo,
+    /// The platform sandboxes run on (`runsc_platform`, else runsc's own default).
+    pub platform: String,
+}
+
+/// The platform for `runsc_platform` = `wanted` on `runsc`: empty is runsc's own default;
+/// one the binary does not offer is an error (a node must not silently run another one).
+pub fn platform_for(wanted: &str, runsc: &RunscInfo) -> Result<String> {
+    if wanted.is_empty() {
+        return Ok(runsc.default_platform.clone());
+    }
+    if !runsc.platforms.is_empty() && !runsc.has_platform(wanted) {
+        return Err(Error::Unsupported(format!(
+            "runsc_platform {wanted:?}: {} offers {}",
+            if runsc.version.is_empty() {
+                "runsc"
+            } else {
+                &runsc.version
+            },
+            runsc.platforms.join(", ")
+        )));
+    }
+    Ok(wanted.to_string())
 }
 
 fn on_path(bin: &str) -> Option<PathBuf> {
@@ -70,8 +95,10 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
     if !cfg.runsc_flags.iter().any(|f| f.starts_with("--overlay")) {
         flags.push("--overlay2=root:memory".into());
     }
+    let runsc = RunscInfo::probe(&cfg.runsc_path);
+    let platform = platform_for(&cfg.runsc_platform, &runsc)?;
     if !cfg.runsc_platform.is_empty() {
-        flags.push(format!("--platform={}", cfg.runsc_platform));
+        flags.push(format!("--platform={platform}"));
     }
     flags.extend(cfg.runsc_flags.iter().cloned());
     match kind {
@@ -96,6 +123,8 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
                 kind,
                 name: "io.containerd.runsc.v1".into(),
                 binary: toml_path.clone(),
+                runsc,
+                platform,
                 options: Any {
                     type_url: "runtimeoptions.v1.Options".into(),
                     value: opts.encode_to_vec(),
@@ -114,6 +143,8 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
                 kind: RuntimeKind::RuncWrapper,
                 name: "io.containerd.runc.v2".into(),
                 binary: wrapper.clone(),
+                runsc,
+                platform,
                 options: Any {
                     type_url: "containerd.runc.v1.Options".into(),
                     value: opts.encode_to_vec(),

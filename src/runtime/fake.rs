@@ -75,6 +75,8 @@ impl Default for FakeRuntime {
                 name: "fake".into(),
                 options: Any::default(),
                 binary: PathBuf::from("/nonexistent/runsc-fake"),
+                runsc: Default::default(),
+                platform: "ptrace".into(),
             },
             exits: watch::channel(0).0,
         }

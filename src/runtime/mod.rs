@@ -11,6 +11,7 @@ pub mod containerd;
 pub mod fake;
 pub mod image;
 mod io;
+pub mod runsc;
 pub mod spec;
 
 use std::collections::HashMap;
@@ -19,10 +20,11 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-pub use choice::{choose_runtime, RuntimeChoice};
+pub use choice::{choose_runtime, platform_for, RuntimeChoice};
 pub use containerd::{Containerd, ErrorKind, TaskState};
 pub use image::{ImageInfo, ResolvedImage};
 pub use io::ExecIo;
+pub use runsc::RunscInfo;
 
 /// Errors of the runtime layer.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +35,9 @@ pub enum Error {
     /// An image problem.
     #[error(transparent)]
     Image(#[from] image::Error),
+    /// The runsc binary cannot do what the configuration asks (a platform it does not offer).
+    #[error("{0}")]
+    Unsupported(String),
     /// Host-side setup failed (FIFOs, directories, the wrapper).
     #[error("{what} {path}: {source}")]
     Io {

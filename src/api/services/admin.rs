@@ -2,7 +2,6 @@
 //! unix socket; on TCP only when `admin_tcp` is set.
 
 use std::pin::Pin;
-use std::sync::Arc;
 
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -20,24 +19,14 @@ use crate::{volume, workspace};
 pub struct AdminService {
     node: Node,
     started: std::time::SystemTime,
-    runsc_version: Arc<String>,
 }
 
 impl AdminService {
     /// Serves `node`.
     pub fn new(node: Node) -> Self {
-        let runsc = node.config().runsc_path.clone();
-        let runsc_version = std::process::Command::new(&runsc)
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.lines().next().map(|l| l.trim().to_string()))
-            .unwrap_or_else(|| "unknown".into());
         Self {
             node,
             started: std::time::SystemTime::now(),
-            runsc_version: Arc::new(runsc_version),
         }
     }
 }
@@ -137,7 +126,10 @@ impl AdminService {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             info: Some(super::info::report(&self.node, self.started)),
-            runsc_version: self.runsc_version.to_string(),
+            runsc_version: rt.choice().runsc.version.clone(),
+            runsc_platform_in_use: rt.choice().platform.clone(),
+            runsc_platforms: rt.choice().runsc.platforms.clone(),
+            runsc_features: rt.choice().runsc.features.clone(),
             containerd_version,
             cgroup_version: format!("{:?}", self.node.cgroup_version()).to_lowercase(),
             state_dir: cfg.state_dir.display().to_string(),

@@ -33,7 +33,12 @@ impl InUse {
             containerd: n.containerd_address.clone().into(),
             namespace: n.namespace.clone(),
             runsc: n.runsc_path.clone().into(),
-            platform: n.runsc_platform.clone(),
+            // What it runs on; a daemon from before the field: what its config says.
+            platform: if n.runsc_platform_in_use.is_empty() {
+                n.runsc_platform.clone()
+            } else {
+                n.runsc_platform_in_use.clone()
+            },
             state_dir: n.state_dir.clone().into(),
             cgroup_root: n.cgroup_root.clone().into(),
         }

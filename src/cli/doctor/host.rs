@@ -7,6 +7,7 @@ use super::daemon::InUse;
 use super::{check, Check, Level};
 use crate::api::admin::v1 as pb;
 use crate::cli::human_bytes;
+use crate::runtime::{platform_for, RunscInfo};
 
 fn on_path(bin: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
@@ -16,37 +17,47 @@ fn on_path(bin: &str) -> Option<PathBuf> {
     })
 }
 
-fn version_of(bin: &Path) -> Option<String> {
-    let o = std::process::Command::new(bin)
-        .arg("--version")
-        .output()
-        .ok()?;
-    String::from_utf8(o.stdout)
-        .ok()?
-        .lines()
-        .next()
-        .map(|l| l.trim().to_string())
-}
-
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// runsc answers `--version`.
-pub(super) fn runsc(used: &InUse) -> Check {
-    match version_of(&used.runsc) {
-        Some(v) => check(
-            "runsc",
-            Level::Ok,
-            format!("{v} at {}", used.runsc.display()),
-            "",
-        ),
-        None => check(
+/// The gVisor release this check wants (bookworm-backports); older ones still work.
+const RUNSC_WANTED: u32 = 20240729;
+
+/// runsc answers, with its version, platforms and features; the platform the daemon runs it on.
+pub(super) fn runsc(used: &InUse, node: Option<&pb::GetNodeResponse>) -> Check {
+    let info = RunscInfo::probe(&used.runsc);
+    if info.version.is_empty() {
+        return check(
             "runsc",
             Level::Fail,
             format!("{} not found or not runnable", used.runsc.display()),
-            "apt-get install runsc (or the DaemonSet's installer), or set runsc_path",
+            "apt-get install -t bookworm-backports runsc (scripts/install-deps, or the DaemonSet's installer), or set runsc_path",
+        );
+    }
+    let platform = match node {
+        Some(n) if !n.runsc_platform_in_use.is_empty() => n.runsc_platform_in_use.clone(),
+        _ => platform_for(&used.platform, &info).unwrap_or_else(|e| e.to_string()),
+    };
+    let features = if info.features.is_empty() {
+        "none".to_string()
+    } else {
+        info.features.join(", ")
+    };
+    let detail = format!(
+        "{} at {}; platform {platform} (offers {}); features: {features}",
+        info.version,
+        used.runsc.display(),
+        info.platforms.join(", ")
+    );
+    match info.date {
+        Some(d) if d >= RUNSC_WANTED => check("runsc", Level::Ok, detail, ""),
+        _ => check(
+            "runsc",
+            Level::Warn,
+            detail,
+            "works; gVisor 20240729 (bookworm-backports) is faster on systrap and checkpoints better: apt-get install -t bookworm-backports runsc",
         ),
     }
 }

@@ -76,7 +76,7 @@ pub async fn run(t: &Target, a: DoctorArgs) -> anyhow::Result<()> {
     };
     let used = daemon::daemon(&node, &a, &mut checks);
     checks.push(daemon::containerd(&node, &used).await);
-    checks.push(host::runsc(&used));
+    checks.push(host::runsc(&used, node.as_ref().ok()));
     if let Ok(n) = &node {
         host::runtime(n, &mut checks);
     }
