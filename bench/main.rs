@@ -58,7 +58,7 @@ struct Args {
     /// The runsc binary (both sides).
     #[arg(long, default_value = "/usr/bin/runsc")]
     runsc: PathBuf,
-    /// runsc's platform on both sides (`ptrace`, `systrap`; empty: runsc's own default).
+    /// runsc's platform on both sides (`ptrace`, `systrap`); empty: the daemon's default.
     #[arg(long, default_value = "")]
     platform: String,
     /// Storage class of ours' workspaces; empty = the daemon's default (`standard`, ext4-loop).
@@ -114,7 +114,7 @@ impl Args {
                     .max(1),
             ),
             density: self.density.unwrap_or(if q { 20 } else { 200 }),
-            workload_rounds: self.workload_rounds.unwrap_or(if q { 3 } else { 10 }),
+            workload_rounds: self.workload_rounds.unwrap_or(if q { 2 } else { 10 }),
             mem_reserve: self.mem_reserve_mib << 20,
         }
     }
@@ -179,6 +179,10 @@ async fn bench(args: Args) -> Result<u8> {
         .to_path_buf();
     std::fs::create_dir_all(&out_dir)?;
     let plan = args.plan();
+    let mut args = args;
+    if args.platform.is_empty() {
+        args.platform = computed::config::Config::default().runsc_platform;
+    }
     let tmp = std::env::temp_dir().join(format!("compute-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&tmp)?;
     eprintln!(

@@ -55,6 +55,15 @@ async fn destroy_all<T: Target>(t: &T, ids: &[String]) {
         .await;
 }
 
+/// Destroys each side's sandbox (those that were made).
+async fn destroy_each<T: Target>(sides: &[&T], ids: &[Option<String>]) {
+    for (t, id) in sides.iter().zip(ids) {
+        if let Some(id) = id {
+            destroy_all(*t, std::slice::from_ref(id)).await;
+        }
+    }
+}
+
 /// The order in which round `i` visits the sides: alternating, so that neither side always
 /// runs right after the other.
 fn order(n: usize, i: usize) -> Vec<usize> {
@@ -198,11 +207,7 @@ pub async fn ready<T: Target>(sides: &[&T], plan: &Plan) -> Vec<Result<Ready>> {
             }
         }
     }
-    for (t, id) in sides.iter().zip(&ids) {
-        if let Some(id) = id {
-            destroy_all(*t, std::slice::from_ref(id)).await;
-        }
-    }
+    destroy_each(sides, &ids).await;
     out
 }
 
@@ -456,8 +461,8 @@ async fn burst<T: Target>(t: &T, id: &str) -> Result<f64> {
     Ok(ms(t0.elapsed()))
 }
 
-/// One ready sandbox per side with a 300,000-line file; one warm-up round (not recorded), then
-/// `rounds` rounds of every workload and a burst, the sides taking turns.
+/// One ready sandbox per side with a 300,000-line file; one warm-up round of the workloads (not
+/// recorded), then `rounds` rounds of every workload and a burst, the sides taking turns.
 pub async fn workloads<T: Target>(sides: &[&T], rounds: usize) -> Vec<Result<Workloads>> {
     let mut out: Vec<Result<Workloads>> = Vec::new();
     let mut ids: Vec<Option<String>> = Vec::new();
@@ -504,8 +509,11 @@ pub async fn workloads<T: Target>(sides: &[&T], rounds: usize) -> Vec<Result<Wor
                     }
                 }
             }
+            // The warm-up round has no burst: it would only repeat the measured ones (a burst
+            // of raw `runsc exec`s takes a minute on 2 cores).
             let b = match failed {
-                None => burst(sides[s], id).await,
+                None if i > 0 => burst(sides[s], id).await,
+                None => Ok(0.0),
                 Some(e) => Err(e),
             };
             match b {
@@ -520,10 +528,6 @@ pub async fn workloads<T: Target>(sides: &[&T], rounds: usize) -> Vec<Result<Wor
             }
         }
     }
-    for (t, id) in sides.iter().zip(&ids) {
-        if let Some(id) = id {
-            destroy_all(*t, std::slice::from_ref(id)).await;
-        }
-    }
+    destroy_each(sides, &ids).await;
     out
 }

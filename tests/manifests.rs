@@ -477,9 +477,10 @@ fn images_are_the_one_the_dockerfile_builds() {
     // The installer's defaults find the gVisor binaries where the Dockerfile puts them.
     let text = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
     let defaults = computed::install::InstallOpts::default();
-    assert!(text.contains(
-        "COPY --from=gvisor /gvisor/runsc /gvisor/containerd-shim-runsc-v1 /usr/local/bin/"
-    ));
+    assert!(text.contains("COPY --from=gvisor /gvisor/ /usr/local/bin/"));
+    // runsc from Debian's bookworm-backports, no download site for it.
+    assert!(text.contains("apt-get install -y --no-install-recommends -t bookworm-backports runsc"));
+    assert!(text.contains("cp /usr/bin/runsc /gvisor/runsc"));
     assert_eq!(defaults.runsc_src, Path::new("/usr/local/bin/runsc"));
     assert_eq!(
         defaults.shim_src,
