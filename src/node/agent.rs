@@ -41,14 +41,7 @@ impl Node {
             std::env::current_exe().map_err(|e| Error::Internal(format!("current exe: {e}")))?;
         blocking(move || -> std::io::Result<(String, String)> {
             use std::os::unix::process::CommandExt;
-            std::fs::create_dir_all(&dir)?;
-            for name in ["in", "out", "err"] {
-                let p = dir.join(name);
-                if !p.exists() {
-                    nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600))
-                        .map_err(std::io::Error::from)?;
-                }
-            }
+            fresh_fifos(&dir)?;
             let input = dir.join("in");
             let holder = std::process::Command::new(holder_exe)
                 .arg("fifo-hold")
@@ -171,16 +164,112 @@ impl Node {
         }
         let dir = self.agent_dir(id);
         let _ = blocking(move || {
-            if let Ok(pid) = std::fs::read_to_string(dir.join("holder.pid")) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::SIGKILL,
-                    );
-                }
-            }
+            kill_holder(&dir);
             let _ = std::fs::remove_dir_all(&dir);
         })
         .await;
+    }
+}
+
+/// Makes new `in`, `out` and `err` FIFOs in `dir`. Provisioning cut short by a crash left
+/// FIFOs (and a holder) behind, and possibly a shim of the cut Tasks.Create that still has them
+/// open: it would read frames meant for the new task's agent. New FIFOs (new inodes) leave it
+/// nothing. Blocking.
+fn fresh_fifos(dir: &std::path::Path) -> std::io::Result<()> {
+    kill_holder(dir);
+    std::fs::create_dir_all(dir)?;
+    for name in ["in", "out", "err"] {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    }
+    Ok(())
+}
+
+/// Kills the FIFO holder recorded in `dir`, if that pid is still a holder of these FIFOs (a
+/// pid recorded before a restart may have been reused by another process since). Blocking.
+fn kill_holder(dir: &std::path::Path) {
+    let Some(pid) = std::fs::read_to_string(dir.join("holder.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    let input = dir.join("in");
+    if cmdline.contains("fifo-hold") && cmdline.contains(&*input.to_string_lossy()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+    use super::*;
+
+    fn open_rw(path: &std::path::Path) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(path)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_reader_of_the_old_fifos_gets_nothing_meant_for_the_new_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().join("agent");
+        fresh_fifos(&dir).unwrap();
+        let old_inode = std::fs::metadata(dir.join("in")).unwrap().ino();
+        let mut stale = open_rw(&dir.join("in"));
+
+        fresh_fifos(&dir).unwrap();
+        assert_ne!(std::fs::metadata(dir.join("in")).unwrap().ino(), old_inode);
+        for name in ["in", "out", "err"] {
+            let kind = std::fs::metadata(dir.join(name)).unwrap().file_type();
+            assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind), "{name}");
+        }
+        let mut new = open_rw(&dir.join("in"));
+        new.write_all(b"frame").unwrap();
+        let mut buf = [0u8; 16];
+        let stale_read = stale.read(&mut buf);
+        assert_eq!(
+            stale_read.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::WouldBlock)
+        );
+        assert_eq!(new.read(&mut buf).unwrap(), 5);
+    }
+
+    #[test]
+    fn only_the_holder_of_these_fifos_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in");
+        let spawn = |args: &[&str]| std::process::Command::new("sh").args(args).spawn().unwrap();
+        // A process that reused the recorded pid: left alone.
+        let mut other = spawn(&["-c", "sleep 30", "fifo-hold", "/elsewhere/in"]);
+        std::fs::write(dir.path().join("holder.pid"), other.id().to_string()).unwrap();
+        kill_holder(dir.path());
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "another process was killed"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+        // The holder of this directory's FIFOs: killed.
+        let mut holder = spawn(&["-c", "sleep 30", "fifo-hold", &input.to_string_lossy()]);
+        std::fs::write(dir.path().join("holder.pid"), holder.id().to_string()).unwrap();
+        kill_holder(dir.path());
+        let status = holder.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
     }
 }
