@@ -58,6 +58,32 @@ async fn execs_go_through_the_agent_with_every_semantic() {
         .await
         .unwrap();
     assert_eq!(o.code(), 127);
+    // The agent starts processes itself (agent/src/spawn.rs); each failure as a shell says it.
+    let mut r = exec_req(&id, "true", &[]);
+    r.working_dir = "/no/such/dir".into();
+    let o = exec(&mut c, r).await.unwrap();
+    assert_eq!(o.code(), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("can't cd to /no/such/dir"));
+    sh(
+        &mut c,
+        &id,
+        "printf 'echo no shebang here\\n' > /tmp/s; cp /tmp/s /tmp/x; chmod +x /tmp/x",
+    )
+    .await;
+    let o = exec(&mut c, exec_req(&id, "/tmp/x", &[])).await.unwrap();
+    assert_eq!((o.code(), o.out()), (0, "no shebang here\n".into()));
+    let o = exec(&mut c, exec_req(&id, "/tmp/s", &[])).await.unwrap();
+    assert_eq!(o.code(), 126);
+    // Processes get SIGPIPE's default disposition, not the agent's SIG_IGN (else `yes` would
+    // complain of a write error), and no signal mask (gVisor's /proc has no SigBlk line).
+    let o = exec(
+        &mut c,
+        exec_req(&id, "sh", &["-c", "yes | head -1; python3 -c \"import signal; print(signal.pthread_sigmask(signal.SIG_BLOCK, []))\""]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "");
+    assert_eq!(o.out(), "y\nset()\n");
     // A signal death is 128 + N.
     let o = exec(&mut c, exec_req(&id, "sh", &["-c", "kill -9 $$"]))
         .await

@@ -37,13 +37,25 @@ async fn node_info(d: &Daemon) -> admin::GetNodeResponse {
         .into_inner()
 }
 
-/// A sandbox on `d` runs Python under gVisor.
-async fn runs_python(d: &Daemon, session: &str) {
+/// A sandbox on `d` runs Python under gVisor, and coreutils on named paths (statx with
+/// AT_NO_AUTOMOUNT); the image's statx shim is preloaded only where runsc needs it (`shim`).
+async fn runs_python(d: &Daemon, session: &str, shim: bool) {
     let mut c = d.client().await;
     let id = ready_sandbox(&mut c, create_req("t", session)).await;
     let out = sh(&mut c, &id, "python3 -c 'print(6 * 7)'; dmesg | head -1").await;
     assert!(out.starts_with("42\n"), "{out}");
     assert!(out.contains("gVisor"), "{out}");
+    let out = sh(
+        &mut c,
+        &id,
+        "ls -ld /proc | cut -c1-10; (cat /etc/ld.so.preload 2>/dev/null || true) | grep -c statx-compat || true",
+    )
+    .await;
+    assert_eq!(
+        out,
+        format!("dr-xr-xr-x\n{}\n", u8::from(shim)),
+        "{session}"
+    );
     destroy(&mut c, &id).await;
 }
 
@@ -62,11 +74,11 @@ async fn the_backports_runsc_runs_ptrace_by_default_and_systrap_when_asked() {
             n.runsc_features
         );
     }
-    runs_python(&d, "new").await;
+    runs_python(&d, "new", false).await;
     // systrap, when a node's config says so (runsc's own default: empty).
     let d = start("runsc-new-systrap", "runsc_platform = \"\"");
     assert_eq!(node_info(&d).await.runsc_platform_in_use, "systrap");
-    runs_python(&d, "new-systrap").await;
+    runs_python(&d, "new-systrap", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -78,7 +90,7 @@ async fn a_node_on_runsc_20221219_still_works() {
     assert!(n.runsc_version.contains("20221219"), "{}", n.runsc_version);
     assert_eq!(n.runsc_platform_in_use, "ptrace");
     assert!(!n.runsc_features.contains(&"systrap".to_string()));
-    runs_python(&d, "old").await;
+    runs_python(&d, "old", true).await;
     // doctor says which runsc it is, and that it works but is old.
     let o = d.computectl(&["doctor", "-o", "json"]);
     let text = String::from_utf8_lossy(&o.stdout);

@@ -1,8 +1,10 @@
 //! The in-sandbox agent's library: the sandbox.v1 worker types, the framing used over stdio,
-//! and the parser of the commands the node daemon sends (see `command`).
+//! the parser of the commands the node daemon sends (see `command`), and the lean process
+//! start they run with (see `spawn`).
 
 pub mod command;
 pub mod frame;
+pub mod spawn;
 
 /// `sandbox.v1`, worker side.
 pub mod pb {

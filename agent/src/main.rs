@@ -9,7 +9,7 @@
 //! reaps every orphan.
 
 use std::collections::HashMap;
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use clap::Parser;
 use pb::sandbox_worker_client::SandboxWorkerClient;
 use pb::server_frame::Msg as ServerMsg;
 use pb::worker_frame::Msg as WorkerMsg;
+use sandbox_agent::spawn::{self, SpawnError};
 use sandbox_agent::{command, frame, pb};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -66,17 +67,6 @@ struct Args {
 }
 
 type Out = mpsc::Sender<pb::WorkerFrame>;
-
-/// std spawns with `posix_spawn` (a vfork: ~5 ms inside gVisor, against ~20 ms for fork+exec,
-/// which copies the address space) only if it finds `posix_spawn_file_actions_addchdir_np` for
-/// a working directory. It looks for it through a weak symbol, which a static link leaves
-/// unresolved unless something references it for real: this does.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[used]
-static KEEP_ADDCHDIR: unsafe extern "C" fn(
-    *mut nix::libc::posix_spawn_file_actions_t,
-    *const nix::libc::c_char,
-) -> nix::libc::c_int = nix::libc::posix_spawn_file_actions_addchdir_np;
 
 fn frame(msg: WorkerMsg) -> pb::WorkerFrame {
     pb::WorkerFrame { msg: Some(msg) }
@@ -153,36 +143,30 @@ async fn pump(
 }
 
 /// How an exec is started: the daemon's quoted form directly, anything else with a shell.
-fn command_for(e: &pb::Exec) -> Result<tokio::process::Command, (String, i32)> {
-    if let Some(d) = command::parse(&e.command) {
-        if let Some(dir) = &d.cwd {
-            if !std::path::Path::new(dir).is_dir() {
-                return Err((format!("sh: cd: can't cd to {dir}\n"), 2));
-            }
-        }
-        let mut cmd = tokio::process::Command::new(&d.argv[0]);
-        cmd.args(&d.argv[1..])
-            .envs(d.env.iter().map(|(k, v)| (k, v)));
-        if let Some(dir) = &d.cwd {
-            cmd.current_dir(dir);
-        }
-        return Ok(cmd);
-    }
-    Ok(shell(&e.command))
+fn command_for(e: &pb::Exec) -> spawn::Spec {
+    let mut spec = match command::parse(&e.command) {
+        Some(d) => spawn::Spec {
+            argv: d.argv.into_iter().map(Into::into).collect(),
+            env: d
+                .env
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+            cwd: d.cwd.map(Into::into),
+            stdin: false,
+        },
+        None => shell(&e.command),
+    };
+    spec.stdin = !e.stdin.is_empty();
+    spec
 }
 
-fn shell(script: &str) -> tokio::process::Command {
-    let sh = if std::path::Path::new("/bin/sh").exists() {
-        "/bin/sh"
+fn shell(script: &str) -> spawn::Spec {
+    if std::path::Path::new("/bin/sh").exists() {
+        spawn::Spec::new(["/bin/sh", "-c", script])
     } else {
-        "/.compute/busybox"
-    };
-    let mut cmd = tokio::process::Command::new(sh);
-    if sh != "/bin/sh" {
-        cmd.arg("sh");
+        spawn::Spec::new(["/.compute/busybox", "sh", "-c", script])
     }
-    cmd.arg("-c").arg(script);
-    cmd
 }
 
 async fn fail(out: &Out, req_id: u64, stderr: String, code: i32) {
@@ -203,46 +187,33 @@ async fn fail(out: &Out, req_id: u64, stderr: String, code: i32) {
 
 async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>, grace: Duration) {
     let req_id = e.req_id;
-    let mut cmd = match command_for(&e) {
+    let spec = command_for(&e);
+    let mut child = match spawn::spawn(&spec) {
         Ok(c) => c,
-        Err((msg, code)) => return fail(&out, req_id, msg, code).await,
-    };
-    let stdin = if e.stdin.is_empty() {
-        Stdio::null()
-    } else {
-        Stdio::piped()
-    };
-    cmd.stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
+        Err(SpawnError::Cwd(_)) => {
+            let dir = spec.cwd.as_deref().unwrap_or_default().to_string_lossy();
+            return fail(&out, req_id, format!("sh: cd: can't cd to {dir}\n"), 2).await;
+        }
         // What a shell would say and return for a program it cannot run.
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            let name = command::parse(&e.command)
-                .map(|d| d.argv[0].clone())
-                .unwrap_or_default();
+        Err(SpawnError::Exec(err)) if err.kind() == std::io::ErrorKind::NotFound => {
+            let name = spec.argv[0].to_string_lossy();
             return fail(&out, req_id, format!("sh: exec: {name}: not found\n"), 127).await;
         }
-        Err(err) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
+        Err(SpawnError::Exec(err)) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
             // A script without `#!`: a shell runs it as a shell script.
             let mut sh = shell(&e.command);
-            sh.stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(true);
-            match sh.spawn() {
+            sh.stdin = spec.stdin;
+            match spawn::spawn(&sh) {
                 Ok(c) => c,
-                Err(err) => return fail(&out, req_id, format!("sh: {err}\n"), 126).await,
+                Err(SpawnError::Exec(err) | SpawnError::Cwd(err)) => {
+                    return fail(&out, req_id, format!("sh: {err}\n"), 126).await
+                }
             }
         }
-        Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+        Err(SpawnError::Exec(err)) if err.kind() == std::io::ErrorKind::PermissionDenied => {
             return fail(&out, req_id, format!("sh: exec: {err}\n"), 126).await;
         }
-        Err(err) => {
+        Err(SpawnError::Exec(err)) => {
             let _ = out
                 .send(frame(WorkerMsg::Error(pb::ExecError {
                     req_id,
@@ -252,7 +223,7 @@ async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>,
             return;
         }
     };
-    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    let pgid = child.id();
     running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -390,6 +361,7 @@ fn stdio_transport(
 /// every process that ends up parented to us, and exits with the worker's status.
 fn init() -> ExitCode {
     use nix::sys::wait::{waitpid, WaitStatus};
+    drop_needless_statx_shim();
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--init").collect();
     let exe = std::env::current_exe().unwrap_or_else(|_| "/.compute/sandbox-agent".into());
     let child = match std::process::Command::new(exe).args(args).spawn() {
@@ -411,6 +383,47 @@ fn init() -> ExitCode {
             Err(_) => return ExitCode::FAILURE,
         }
     }
+}
+
+/// The default image preloads a statx shim for gVisor before mid-2023, which rejects
+/// `statx(2)` with `AT_NO_AUTOMOUNT` (see `scripts/build-image`). Where the flag is accepted the
+/// shim only costs time: loading it is ~13 system calls and a few page faults in every process
+/// (~1.5–2 ms of each start under ptrace), so it is taken out of this sandbox's
+/// `/etc/ld.so.preload`. A read-only root file system keeps it (harmless).
+fn drop_needless_statx_shim() {
+    const PRELOAD: &str = "/etc/ld.so.preload";
+    const SHIM: &str = "/libcompute-statx-compat.so";
+    let Ok(text) = std::fs::read_to_string(PRELOAD) else {
+        return;
+    };
+    if !text.lines().any(|l| l.trim().ends_with(SHIM)) {
+        return;
+    }
+    // SAFETY: statx(2) into a zeroed buffer of the right type.
+    let accepted = unsafe {
+        let mut buf: nix::libc::statx = std::mem::zeroed();
+        nix::libc::syscall(
+            nix::libc::SYS_statx,
+            nix::libc::AT_FDCWD,
+            c"/".as_ptr(),
+            nix::libc::AT_NO_AUTOMOUNT,
+            nix::libc::STATX_BASIC_STATS,
+            &mut buf as *mut nix::libc::statx,
+        ) == 0
+    };
+    if !accepted {
+        return;
+    }
+    let kept: String = text
+        .lines()
+        .filter(|l| !l.trim().ends_with(SHIM))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let _ = if kept.trim().is_empty() {
+        std::fs::remove_file(PRELOAD)
+    } else {
+        std::fs::write(PRELOAD, kept)
+    };
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
