@@ -251,9 +251,11 @@ mod tests {
     fn only_the_holder_of_these_fifos_is_killed() {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("in");
+        // `; exit 0`: the shell stays (a last simple command would be exec'd, and the
+        // cmdline with it).
         let spawn = |args: &[&str]| std::process::Command::new("sh").args(args).spawn().unwrap();
         // A process that reused the recorded pid: left alone.
-        let mut other = spawn(&["-c", "sleep 30", "fifo-hold", "/elsewhere/in"]);
+        let mut other = spawn(&["-c", "sleep 30; exit 0", "fifo-hold", "/elsewhere/in"]);
         std::fs::write(dir.path().join("holder.pid"), other.id().to_string()).unwrap();
         kill_holder(dir.path());
         assert!(
@@ -263,7 +265,12 @@ mod tests {
         other.kill().unwrap();
         other.wait().unwrap();
         // The holder of this directory's FIFOs: killed.
-        let mut holder = spawn(&["-c", "sleep 30", "fifo-hold", &input.to_string_lossy()]);
+        let mut holder = spawn(&[
+            "-c",
+            "sleep 30; exit 0",
+            "fifo-hold",
+            &input.to_string_lossy(),
+        ]);
         std::fs::write(dir.path().join("holder.pid"), holder.id().to_string()).unwrap();
         kill_holder(dir.path());
         let status = holder.wait().unwrap();
