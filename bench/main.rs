@@ -105,7 +105,7 @@ impl Args {
         Plan {
             creates: self.creates.unwrap_or(if q { 10 } else { 30 }),
             execs: self.execs.unwrap_or(if q { 30 } else { 200 }),
-            file_rounds: self.file_rounds.unwrap_or(if q { 5 } else { 20 }),
+            file_rounds: self.file_rounds.unwrap_or(if q { 10 } else { 20 }),
             file_bytes: 16 << 20,
             sessions: self.sessions.max(1),
             throughput: Duration::from_secs(

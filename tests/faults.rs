@@ -190,7 +190,7 @@ async fn assert_settled(
 }
 
 async fn read(c: &mut Client, id: &str, path: &str) -> Vec<u8> {
-    read_file(c, id, path).await.data
+    read_file(c, id, path).await.data.to_vec()
 }
 
 /// One session of the load test: create, `execs` execs with file I/O between, destroy.

@@ -32,7 +32,7 @@ async fn python(c: &mut Client, id: &str, script: &str) -> String {
 async fn read(c: &mut Client, id: &str, path: &str) -> Vec<u8> {
     let r = read_file(c, id, path).await;
     assert!(r.eof, "{path} read whole");
-    r.data
+    r.data.to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread")]

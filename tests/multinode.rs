@@ -93,7 +93,10 @@ async fn three_nodes_two_routers() {
         .unwrap();
     assert_eq!(o.out(), "42\n");
     write_file(&mut c1, &id, "r.txt", b"via router").await;
-    assert_eq!(read_file(&mut c2, &id, "r.txt").await.data, b"via router");
+    assert_eq!(
+        read_file(&mut c2, &id, "r.txt").await.data,
+        &b"via router"[..]
+    );
     assert_eq!(
         list_files(&mut c2, list_req(&id, ".")).await.entries.len(),
         1

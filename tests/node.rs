@@ -81,7 +81,7 @@ async fn lifecycle_exec_files_and_no_leftovers() {
     );
     sh(&mut c, &id, "echo from-inside > /workspace/inside.txt").await;
     let r = read_file(&mut c, &id, "inside.txt").await;
-    assert_eq!(r.data, b"from-inside\n");
+    assert_eq!(r.data, &b"from-inside\n"[..]);
     assert!(r.eof);
     let l = list_files(&mut c, list_req(&id, ".")).await;
     let names: Vec<_> = l.entries.iter().map(|e| e.path.as_str()).collect();
@@ -376,7 +376,7 @@ async fn cancellation(agent: bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         if let Ok(r) = try_read_file(&mut c, &id, "got-term").await {
-            assert_eq!(r.data, b"term\n");
+            assert_eq!(r.data, &b"term\n"[..]);
             break;
         }
         assert!(

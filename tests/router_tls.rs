@@ -257,7 +257,7 @@ async fn two_mtls_nodes_behind_routers() {
     );
     write_file(&mut c, &id, "hello.txt", b"through two TLS hops").await;
     let got = read_file(&mut c, &id, "hello.txt").await;
-    assert_eq!(got.data, b"through two TLS hops");
+    assert_eq!(got.data, &b"through two TLS hops"[..]);
     assert_eq!(live(&nodes[0]).await + live(&nodes[1]).await, 1);
     destroy(&mut c, &id).await;
     assert_eq!(status_of(&mut c, &id).await, SandboxStatus::Destroyed);

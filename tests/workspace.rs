@@ -28,7 +28,7 @@ enum Op {
 
 async fn run_op(c: &mut Client, id: &str, op: Op, path: &str) -> Result<Vec<u8>, tonic::Status> {
     match op {
-        Op::Read => try_read_file(c, id, path).await.map(|r| r.data),
+        Op::Read => try_read_file(c, id, path).await.map(|r| r.data.into()),
         Op::Write | Op::Append => c
             .write_file(pb::WriteFileRequest {
                 append: matches!(op, Op::Append),
@@ -563,7 +563,7 @@ async fn storage_classes_mount_paths_and_sparse_volumes() {
     );
     assert_eq!(
         read_file(&mut c, &local, "/home/user/work/f").await.data,
-        b"hi\n"
+        &b"hi\n"[..]
     );
     // `standard` (the default): sparse 5 GiB ext4 volumes.
     let mut ids = Vec::new();

@@ -49,7 +49,7 @@ pub async fn run(t: &Target, src: &str, dst: &str) -> anyhow::Result<()> {
                 c.write_file(pb::WriteFileRequest {
                     sandbox_id: id.into(),
                     path: path.into(),
-                    data: buf,
+                    data: buf.into(),
                     append: !first,
                     mode: 0,
                 })

@@ -178,15 +178,17 @@ pub fn print_list<T>(
 /// Copies a file read in chunks into `out`: `read(offset)` answers the chunk at `offset` and
 /// whether it is the last, and reading stops after the last or an empty chunk. Returns the
 /// bytes copied.
-pub async fn read_chunks<F, R>(out: &mut impl std::io::Write, mut read: F) -> anyhow::Result<i64>
+pub async fn read_chunks<F, R, D>(out: &mut impl std::io::Write, mut read: F) -> anyhow::Result<i64>
 where
     F: FnMut(i64) -> R,
-    R: std::future::Future<Output = anyhow::Result<(Vec<u8>, bool)>>,
+    R: std::future::Future<Output = anyhow::Result<(D, bool)>>,
+    D: AsRef<[u8]>,
 {
     let mut offset = 0i64;
     loop {
         let (data, eof) = read(offset).await?;
-        out.write_all(&data)?;
+        let data = data.as_ref();
+        out.write_all(data)?;
         offset += data.len() as i64;
         if eof || data.is_empty() {
             return Ok(offset);

@@ -253,7 +253,16 @@ mod tests {
         let input = dir.path().join("in");
         // `; exit 0`: the shell stays (a last simple command would be exec'd, and the
         // cmdline with it).
-        let spawn = |args: &[&str]| std::process::Command::new("sh").args(args).spawn().unwrap();
+        let spawn = |args: &[&str]| {
+            let child = std::process::Command::new("sh").args(args).spawn().unwrap();
+            // Until it has exec'd, the child's cmdline is this test binary's.
+            let cmdline = format!("/proc/{}/cmdline", child.id());
+            while !String::from_utf8_lossy(&std::fs::read(&cmdline).unwrap()).contains("fifo-hold")
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            child
+        };
         // A process that reused the recorded pid: left alone.
         let mut other = spawn(&["-c", "sleep 30; exit 0", "fifo-hold", "/elsewhere/in"]);
         std::fs::write(dir.path().join("holder.pid"), other.id().to_string()).unwrap();

@@ -23,7 +23,7 @@ impl Node {
         &self,
         id: &str,
         path: String,
-        data: Vec<u8>,
+        data: bytes::Bytes,
         append: bool,
         mode: u32,
     ) -> Result<u64> {

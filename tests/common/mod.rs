@@ -438,14 +438,23 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
         // Remove whatever the test left in containerd, then the namespace's images so that
-        // containerd's GC frees the unpacked snapshots.
-        for line in self.ctr(&["tasks", "ls", "-q"]).lines() {
-            let _ = self.ctr(&["tasks", "kill", "-s", "SIGKILL", line]);
-            std::thread::sleep(Duration::from_millis(200));
-            let _ = self.ctr(&["tasks", "rm", "-f", line]);
-        }
-        for line in self.ctr(&["containers", "ls", "-q"]).lines() {
-            let _ = self.ctr(&["containers", "rm", line]);
+        // containerd's GC frees the unpacked snapshots. A Tasks.Create the daemon had under
+        // way when it was killed still completes in containerd: rounds until nothing is left.
+        for _ in 0..10 {
+            let tasks = self.ctr(&["tasks", "ls", "-q"]);
+            for line in tasks.lines() {
+                let _ = self.ctr(&["tasks", "kill", "-s", "SIGKILL", line]);
+                std::thread::sleep(Duration::from_millis(200));
+                let _ = self.ctr(&["tasks", "rm", "-f", line]);
+            }
+            let containers = self.ctr(&["containers", "ls", "-q"]);
+            for line in containers.lines() {
+                let _ = self.ctr(&["containers", "rm", line]);
+            }
+            if tasks.trim().is_empty() && containers.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
         // Workspace volumes the test left mounted.
         if let Ok(rd) = std::fs::read_dir(self.state_dir().join("workspaces")) {
@@ -581,7 +590,7 @@ pub fn write_req(id: &str, path: &str, data: impl Into<Vec<u8>>) -> pb::WriteFil
     pb::WriteFileRequest {
         sandbox_id: id.into(),
         path: path.into(),
-        data: data.into(),
+        data: data.into().into(),
         ..Default::default()
     }
 }

@@ -94,7 +94,7 @@ impl ComputeApi {
             .read_file(&r.sandbox_id, r.path, r.offset, r.max_bytes)
             .await?;
         Ok(pb::ReadFileResponse {
-            data: d.data,
+            data: d.data.into(),
             total_size: d.total_size as i64,
             eof: d.eof,
         })
