@@ -465,6 +465,16 @@ impl Drop for Daemon {
                 }
             }
         }
+        // A Tasks.Create still under way when its container was removed above leaves a shim
+        // and a sandbox containerd no longer knows: whatever names this namespace goes.
+        for pid in pids_mentioning(&format!("{} ", self.namespace))
+            .into_iter()
+            .chain(pids_mentioning(&format!("/{} ", self.namespace)))
+            .chain(pids_mentioning(&format!("/{}/", self.namespace)))
+        {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
         for line in self.ctr(&["images", "ls", "-q"]).lines() {
             let _ = self.ctr(&["images", "rm", "--sync", line]);
         }
@@ -784,6 +794,24 @@ pub async fn wait_failed(
         desc.failure_reason
     );
     desc
+}
+
+/// The pids of processes whose command line (arguments joined by spaces, with a trailing
+/// space) contains `needle`.
+pub fn pids_mentioning(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
 }
 
 /// Host processes whose command line mentions `needle`.
