@@ -475,6 +475,14 @@ impl Drop for Daemon {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
+        // The agents' FIFO holders: a killed daemon cannot stop them, and each retries its FIFO
+        // every 50 ms for a minute (50 of them take half a core, enough to fail a later test's
+        // CPU budget).
+        let agents = format!("{}/", self.run_dir().join("agents").display());
+        for pid in pids_mentioning(&agents) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
         for line in self.ctr(&["images", "ls", "-q"]).lines() {
             let _ = self.ctr(&["images", "rm", "--sync", line]);
         }
