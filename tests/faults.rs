@@ -503,19 +503,11 @@ async fn kill9_under_load(name: &str, extra: &str) {
 
 /// Pids of host processes whose command line starts with `argv0` and mentions `needle`.
 fn pids_of(argv0: &str, needle: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.starts_with(argv0) && cmd.contains(needle) {
-                out.push(pid);
-            }
-        }
-    }
-    out
+    command_lines()
+        .into_iter()
+        .filter(|(_, cmd)| cmd.starts_with(argv0) && cmd.contains(needle))
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 fn sigkill(pid: i32) {

@@ -804,40 +804,37 @@ pub async fn wait_failed(
     desc
 }
 
-/// The pids of processes whose command line (arguments joined by spaces, with a trailing
-/// space) contains `needle`.
-pub fn pids_mentioning(needle: &str) -> Vec<i32> {
+/// Every host process: its pid and its command line (arguments joined by spaces, with a
+/// trailing space).
+pub fn command_lines() -> Vec<(i32, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(needle) {
-                out.push(pid);
-            }
+            out.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
         }
     }
     out
 }
 
+/// The pids of processes whose command line (see [`command_lines`]) contains `needle`.
+pub fn pids_mentioning(needle: &str) -> Vec<i32> {
+    command_lines()
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains(needle))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
 /// Host processes whose command line mentions `needle`.
 pub fn processes_mentioning(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = e.file_name();
-        if !name.to_string_lossy().chars().all(|c| c.is_ascii_digit()) {
-            continue;
-        }
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(needle) {
-                out.push(cmd);
-            }
-        }
-    }
-    out
+    command_lines()
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains(needle))
+        .map(|(_, cmd)| cmd)
+        .collect()
 }
 
 /// Mount points that mention `needle`.
