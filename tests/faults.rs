@@ -510,10 +510,6 @@ fn pids_of(argv0: &str, needle: &str) -> Vec<i32> {
         .collect()
 }
 
-fn sigkill(pid: i32) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-}
-
 /// Kills the sandbox's runsc-sandbox process (the sentry) and waits for FAILED.
 async fn kill_sentry(c: &mut Client, id: &str) -> pb::DescribeSandboxResponse {
     let pids = pids_of("runsc-sandbox", id);

@@ -650,7 +650,7 @@ async fn max_runtime_fails_the_sandbox_and_a_dead_sandbox_is_failed() {
             .collect();
     assert!(!pids.is_empty());
     for p in pids {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::SIGKILL);
+        sigkill(p);
     }
     wait_failed(&mut c, &id, Duration::from_secs(15), "exited").await;
     destroy(&mut c, &id).await;

@@ -465,23 +465,21 @@ impl Drop for Daemon {
                 }
             }
         }
-        // A Tasks.Create still under way when its container was removed above leaves a shim
-        // and a sandbox containerd no longer knows: whatever names this namespace goes.
-        for pid in pids_mentioning(&format!("{} ", self.namespace))
-            .into_iter()
-            .chain(pids_mentioning(&format!("/{} ", self.namespace)))
-            .chain(pids_mentioning(&format!("/{}/", self.namespace)))
-        {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-        }
-        // The agents' FIFO holders: a killed daemon cannot stop them, and each retries its FIFO
-        // every 50 ms for a minute (50 of them take half a core, enough to fail a later test's
-        // CPU budget).
+        // What containerd no longer knows of goes too, in one pass over the process table: a
+        // shim and sandbox of a Tasks.Create still under way when its container was removed
+        // above (they name this namespace), and the agents' FIFO holders, which a killed daemon
+        // cannot stop (each would retry its FIFO every 50 ms for a minute).
         let agents = format!("{}/", self.run_dir().join("agents").display());
-        for pid in pids_mentioning(&agents) {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        let needles = [
+            format!("{} ", self.namespace),
+            format!("/{} ", self.namespace),
+            format!("/{}/", self.namespace),
+            agents,
+        ];
+        for (pid, cmd) in command_lines() {
+            if needles.iter().any(|n| cmd.contains(n.as_str())) {
+                sigkill(pid);
+            }
         }
         for line in self.ctr(&["images", "ls", "-q"]).lines() {
             let _ = self.ctr(&["images", "rm", "--sync", line]);
@@ -819,13 +817,9 @@ pub fn command_lines() -> Vec<(i32, String)> {
     out
 }
 
-/// The pids of processes whose command line (see [`command_lines`]) contains `needle`.
-pub fn pids_mentioning(needle: &str) -> Vec<i32> {
-    command_lines()
-        .into_iter()
-        .filter(|(_, cmd)| cmd.contains(needle))
-        .map(|(pid, _)| pid)
-        .collect()
+/// SIGKILL to `pid`, whatever became of it.
+pub fn sigkill(pid: i32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
 }
 
 /// Host processes whose command line mentions `needle`.
