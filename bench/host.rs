@@ -14,6 +14,16 @@ pub fn vm_rss(pid: u32) -> Option<u64> {
     meminfo_field(&format!("/proc/{pid}/status"), "VmRSS:")
 }
 
+/// CPU time of a process and all its threads, dead ones included (utime + stime of
+/// /proc/PID/stat), in ms; 10 ms resolution.
+pub fn cpu_ms(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some(ticks * 10)
+}
+
 fn meminfo_field(path: &str, key: &str) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
     let line = text.lines().find(|l| l.starts_with(key))?;

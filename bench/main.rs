@@ -114,6 +114,7 @@ impl Args {
                     .max(1),
             ),
             density: self.density.unwrap_or(if q { 20 } else { 200 }),
+            idle: Duration::from_secs(if q { 10 } else { 30 }),
             workload_rounds: self.workload_rounds.unwrap_or(if q { 2 } else { 10 }),
             mem_reserve: self.mem_reserve_mib << 20,
         }
@@ -610,6 +611,31 @@ async fn run(
                  Not disturbed by other load on the machine, unlike MemAvailable"
                     .into(),
             ],
+        });
+        let idle = |d: &scenarios::Density| {
+            let mut s = Side::measured(Some(Dist {
+                n: d.n as u64,
+                ..Dist::single(d.idle_cpu_ms_per_s)
+            }));
+            if let Some(p) = d.daemon_idle_cpu_pct {
+                s = s.with("daemon_cpu_pct_of_a_core", p);
+            }
+            s
+        };
+        push(Scenario {
+            name: "idle_cpu",
+            unit: "ms/s per sandbox",
+            better: Better::Lower,
+            ours: side_of(&ro, idle),
+            baseline: side_of(&rb, idle),
+            notes: vec![format!(
+                "the density run's sandboxes left idle for {} s: value = cgroup CPU per sandbox \
+                 (sentry + gofer + stubs; ours also runs the agent as init, the baseline a \
+                 sleeping shell), ms per second; ours_daemon_cpu_pct_of_a_core = the daemon's \
+                 own CPU over the same window with all N sandboxes (metering ticks, health \
+                 checks, usage persistence), % of one core (10 ms resolution)",
+                plan.idle.as_secs()
+            )],
         });
         let near_n = |d: &scenarios::Density| {
             let k = d.create_ms.len().min(5);

@@ -27,6 +27,9 @@ pub struct Plan {
     pub throughput: Duration,
     /// Most idle sandboxes the density scenario creates.
     pub density: usize,
+    /// How long the density scenario's sandboxes sit idle while their CPU (and the daemon's)
+    /// is read.
+    pub idle: Duration,
     /// The density scenario stops early when MemAvailable falls below this.
     pub mem_reserve: u64,
     /// Rounds of the agents' workloads per side.
@@ -336,6 +339,11 @@ pub struct Density {
     pub pss_mb_per_sandbox: f64,
     /// Daemon VmRSS growth per sandbox, KB (ours only).
     pub daemon_rss_kb_per_sandbox: Option<f64>,
+    /// CPU of an idle sandbox (its cgroup: sentry, gofer, stubs, and the agent for ours) over
+    /// the idle window, ms per second, mean of the sandboxes.
+    pub idle_cpu_ms_per_s: f64,
+    /// The daemon's CPU over the idle window, % of one core (ours only).
+    pub daemon_idle_cpu_pct: Option<f64>,
     /// Why it stopped before `plan.density`.
     pub stopped_early: Option<String>,
 }
@@ -372,6 +380,30 @@ pub async fn density<T: Target>(t: &T, plan: &Plan) -> Result<Density> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mem1 = host::mem_available().context("read /proc/meminfo")?;
     let rss1 = t.daemon_pid().and_then(host::vm_rss);
+    // Idle: nothing runs in the sandboxes, nobody calls the daemon.
+    let cpu_of = |ids: &[String]| -> Vec<Option<u64>> {
+        ids.iter()
+            .map(|id| crate::base::cgroup(id).cpu_ns().ok())
+            .collect()
+    };
+    let cpu0 = cpu_of(&ids);
+    let daemon0 = t.daemon_pid().and_then(host::cpu_ms);
+    let idle0 = Instant::now();
+    tokio::time::sleep(plan.idle).await;
+    let cpu1 = cpu_of(&ids);
+    let daemon1 = t.daemon_pid().and_then(host::cpu_ms);
+    let idle_s = idle0.elapsed().as_secs_f64();
+    let deltas: Vec<f64> = cpu0
+        .iter()
+        .zip(&cpu1)
+        .filter_map(|(a, b)| Some(b.as_ref()?.saturating_sub(*a.as_ref()?) as f64 / 1e6))
+        .collect();
+    let idle_cpu_ms_per_s =
+        deltas.iter().sum::<f64>() / deltas.len().max(1) as f64 / idle_s.max(1e-9);
+    let daemon_idle_cpu_pct = match (daemon0, daemon1) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / 1e3 / idle_s.max(1e-9) * 100.0),
+        _ => None,
+    };
     let cg: u64 = ids
         .iter()
         .filter_map(|id| crate::base::cgroup(id).working_set().ok())
@@ -402,6 +434,8 @@ pub async fn density<T: Target>(t: &T, plan: &Plan) -> Result<Density> {
             (Some(a), Some(b)) => Some(per(b as f64 - a as f64) / 1024.0),
             _ => None,
         },
+        idle_cpu_ms_per_s,
+        daemon_idle_cpu_pct,
         stopped_early,
     })
 }

@@ -166,6 +166,9 @@ async fn fork_bomb_hits_the_pids_limit_and_the_node_keeps_serving() {
     destroy_clean(&mut c, &d, &other).await;
 }
 
+/// Python touching 32 MiB.
+const ALLOC_32M: &str = "b = bytearray(32 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1";
+
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_exhaustion_stays_in_the_sandbox() {
     need!();
@@ -219,20 +222,37 @@ async fn memory_exhaustion_stays_in_the_sandbox() {
     if desc.status == SandboxStatus::Failed as i32 {
         assert!(!desc.failure_reason.is_empty());
     }
-    // The sandbox can free that memory itself and go on. While the sandbox is over its limit,
-    // every exec is killed at its first memory sample (20 ms): the static busybox mounted at
-    // /.compute unlinks the file within that; the image's dynamically linked `rm` takes longer
-    // to start under gVisor and would be killed first.
+    // The sandbox can free that memory itself and go on: an exec that starts over the limit
+    // is killed only if it grows the sandbox further, so the image's own (dynamically
+    // linked) `rm` runs, however slowly it starts.
     if desc.status == SandboxStatus::Ready as i32 {
-        let o = exec(
-            &mut c,
-            exec_req(&id, "/.compute/busybox", &["rm", "-f", "/tmp/fill"]),
-        )
-        .await
-        .unwrap();
-        eprintln!("rm after tmpfs fill: {:?}", o.completed);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let o = exec(&mut c, exec_req(&id, "rm", &["-f", "/tmp/fill"]))
+            .await
+            .unwrap();
+        let done = o.completed.unwrap();
+        assert!(
+            done.exit_code == 0 && !done.oom_killed,
+            "rm after tmpfs fill: {done:?} {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         assert_eq!(sh(&mut c, &id, "echo recovered").await, "recovered\n");
+        // Once gVisor has handed the file's memory back, a real workload fits again.
+        let t0 = Instant::now();
+        loop {
+            let o = exec(&mut c, exec_req(&id, "python3", &["-c", ALLOC_32M]))
+                .await
+                .unwrap();
+            let done = o.completed.unwrap();
+            if done.exit_code == 0 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "32 MiB still does not fit 30 s after rm: {done:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        eprintln!("32 MiB fits again {:?} after rm", t0.elapsed());
     }
     // The other sandbox still works.
     assert_eq!(sh(&mut c, &other, "echo fine").await, "fine\n");

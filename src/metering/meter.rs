@@ -167,14 +167,16 @@ impl Meter {
         Some(w)
     }
 
-    /// Starts metering an exec; returns its handle.
-    pub fn begin_exec(&self) -> u64 {
+    /// Starts metering an exec; returns its handle and the sandbox's working set now (None
+    /// when the cgroup could not be read).
+    pub fn begin_exec(&self) -> (u64, Option<u64>) {
         let dirtied = self
             .disk_source()
             .needs_flush()
             .then(|| self.dirtied())
             .flatten();
         let raw = self.read_raw();
+        let now_ws = raw.as_ref().map(|r| r.ws);
         let mut st = self.lock();
         if let Some(raw) = raw {
             self.account(&mut st, raw);
@@ -193,7 +195,7 @@ impl Meter {
                 dirtied,
             },
         );
-        id
+        (id, now_ws)
     }
 
     /// Ends an exec: flushes the workspace if the sandbox dirtied pages meanwhile (so that its
@@ -349,9 +351,9 @@ mod tests {
         let m = f.meter(Persisted::default());
         f.set(10_000_000, 100);
         m.tick();
-        let a = m.begin_exec();
+        let (a, _) = m.begin_exec();
         f.set(30_000_000, 200); // 20 ms while only `a` runs
-        let b = m.begin_exec();
+        let (b, _) = m.begin_exec();
         f.set(70_000_000, 500); // 40 ms shared by a and b
         let ua = m.end_exec(a);
         f.set(80_000_000, 100); // 10 ms for b alone

@@ -7,7 +7,12 @@
 //! 3. until it exits: the client going away (or the node shutting down) cancels it (SIGTERM,
 //!    SIGKILL after the grace), the deadline kills it (SIGKILL), and every sample interval the
 //!    sandbox's memory is read: over memory_bytes kills it (SIGKILL), after which the node waits
-//!    for gVisor to hand the memory back so the next exec does not start over the limit;
+//!    for gVisor to hand the memory back so the next exec does not start over the limit. An
+//!    exec that starts while the sandbox is already over memory_bytes (memory no process holds,
+//!    a tmpfs file, which no kill can free) is killed only when the sandbox grows
+//!    [`OVER_LIMIT_ALLOWANCE`] past where it started: the sandbox can free that memory itself
+//!    (`rm`) and go on, and nothing it starts can grow (the cgroup's hard limit, memory_bytes
+//!    plus headroom, bounds the whole sandbox);
 //! 4. the backend cleans up (drains output, deletes the process), the window closes, and the
 //!    outcome says how it ended.
 //!
@@ -65,8 +70,9 @@ pub trait Backend: Send {
 /// The sandbox's meter as the lifecycle uses it. Every method blocks (cgroupfs reads); the
 /// lifecycle calls them off the async runtime.
 pub trait ExecMeter: Send + Sync + 'static {
-    /// Opens an exec window; returns its id.
-    fn begin(&self) -> u64;
+    /// Opens an exec window; returns its id and the sandbox's working set now (None when it
+    /// cannot be read).
+    fn begin(&self) -> (u64, Option<u64>);
     /// One sample for the sandbox's memory figures; returns its working set (None when it
     /// cannot be read).
     fn sample(&self) -> Option<u64>;
@@ -75,6 +81,10 @@ pub trait ExecMeter: Send + Sync + 'static {
     /// Closes the window and returns its usage.
     fn end(&self, window: u64) -> Usage;
 }
+
+/// How far an exec that starts with the sandbox over memory_bytes may grow it before it is
+/// killed: room for `rm` or `sync` (a few MiB under gVisor), not for a workload.
+pub const OVER_LIMIT_ALLOWANCE: u64 = 16 << 20;
 
 /// The bounds of one exec.
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +104,15 @@ pub struct Bounds {
 }
 
 impl Bounds {
+    /// The working set above which an exec is killed, given the sandbox's working set when the
+    /// exec started: memory_bytes, or where an over-limit sandbox started plus the allowance.
+    pub fn kill_above(&self, start_ws: Option<u64>) -> u64 {
+        match start_ws {
+            Some(ws) if ws > self.memory_limit => ws.saturating_add(OVER_LIMIT_ALLOWANCE),
+            _ => self.memory_limit,
+        }
+    }
+
     /// The request's timeout (None or zero: the cap) clamped to `cap`.
     pub fn clamp_timeout(requested: Option<Duration>, cap: Duration) -> Duration {
         requested.filter(|t| !t.is_zero()).unwrap_or(cap).min(cap)
@@ -145,10 +164,12 @@ pub async fn run<B: Backend>(
     shutdown: &CancellationToken,
 ) -> Result<Completed> {
     let m = meter.clone();
+    let (id, start_ws) = blocking(move || m.begin()).await?;
     let window = Window {
-        id: Some(blocking(move || m.begin()).await?),
+        id: Some(id),
         meter: meter.clone(),
     };
+    let kill_above = bounds.kill_above(start_ws);
     let started = Instant::now();
     backend.start(out.clone()).await?;
     let deadline = tokio::time::sleep(bounds.timeout);
@@ -165,7 +186,7 @@ pub async fn run<B: Backend>(
             _ = &mut deadline => break Ending::TimedOut,
             _ = ticker.tick() => {
                 let m = meter.clone();
-                if blocking(move || m.sample()).await?.is_some_and(|ws| ws > bounds.memory_limit) {
+                if blocking(move || m.sample()).await?.is_some_and(|ws| ws > kill_above) {
                     break Ending::Oom;
                 }
             }
@@ -195,10 +216,15 @@ pub async fn run<B: Backend>(
         Ending::Oom => {
             warn!(
                 limit = bounds.memory_limit,
-                "exec over memory_bytes: SIGKILL ({name})"
+                kill_above, "exec over memory_bytes: SIGKILL ({name})"
             );
             kill(&mut backend, bounds.kill_wait).await;
-            settle(&meter, bounds).await;
+            settle(
+                &meter,
+                bounds,
+                bounds.memory_limit.max(start_ws.unwrap_or(0)),
+            )
+            .await;
             (137, false, false, true)
         }
     };
@@ -228,15 +254,14 @@ async fn kill<B: Backend>(backend: &mut B, within: Duration) {
     }
 }
 
-/// gVisor returns a killed process's memory to the host shortly after: wait for that (bounded).
-async fn settle(meter: &Arc<dyn ExecMeter>, bounds: Bounds) {
+/// gVisor returns a killed process's memory to the host shortly after: wait (bounded) for the
+/// working set to come back to `target` (memory_bytes, or where an over-limit exec started).
+async fn settle(meter: &Arc<dyn ExecMeter>, bounds: Bounds, target: u64) {
     let t0 = Instant::now();
     while t0.elapsed() < bounds.settle {
         let m = meter.clone();
         match blocking(move || m.working_set()).await {
-            Ok(Some(ws)) if ws > bounds.memory_limit => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
+            Ok(Some(ws)) if ws > target => tokio::time::sleep(Duration::from_millis(50)).await,
             _ => break,
         }
     }
@@ -335,26 +360,31 @@ mod tests {
         }
     }
 
-    /// A meter whose working set is `ws` until `freed` samples after a kill.
+    /// A meter whose working set is `start` when the exec begins and `ws` from then on, until
+    /// it is read after a kill.
     #[derive(Default)]
     struct FakeMeter {
+        start: AtomicU64,
         ws: AtomicU64,
         open: AtomicU64,
         samples: AtomicU64,
     }
 
     impl ExecMeter for FakeMeter {
-        fn begin(&self) -> u64 {
+        fn begin(&self) -> (u64, Option<u64>) {
             self.open.fetch_add(1, Ordering::SeqCst);
-            7
+            (7, Some(self.start.load(Ordering::SeqCst)))
         }
         fn sample(&self) -> Option<u64> {
             self.samples.fetch_add(1, Ordering::SeqCst);
             Some(self.ws.load(Ordering::SeqCst))
         }
         fn working_set(&self) -> Option<u64> {
-            // Memory comes back after the kill.
-            Some(self.ws.fetch_min(0, Ordering::SeqCst))
+            // Memory comes back after the kill, to where the exec started.
+            Some(
+                self.ws
+                    .swap(self.start.load(Ordering::SeqCst), Ordering::SeqCst),
+            )
         }
         fn end(&self, id: u64) -> Usage {
             assert_eq!(id, 7);
@@ -394,7 +424,20 @@ mod tests {
         cancel_after: Option<Duration>,
         shutdown: bool,
     ) -> Run {
+        go_from(p, b, 0, ws, cancel_after, shutdown).await
+    }
+
+    /// [`go`] with the sandbox at `start` when the exec begins.
+    async fn go_from(
+        p: FakeProcess,
+        b: Bounds,
+        start: u64,
+        ws: u64,
+        cancel_after: Option<Duration>,
+        shutdown: bool,
+    ) -> Run {
         let meter = Arc::new(FakeMeter::default());
+        meter.start.store(start, Ordering::SeqCst);
         meter.ws.store(ws, Ordering::SeqCst);
         let log = p.log.clone();
         let (tx, mut rx) = mpsc::channel(16);
@@ -535,6 +578,35 @@ mod tests {
         let r = alone(FakeProcess::new(Duration::from_millis(200)), 50).await;
         assert!(!done(&r).oom_killed);
         assert!(r.meter.samples.load(Ordering::SeqCst) >= 9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exec_that_starts_over_the_limit_is_killed_only_when_it_grows() {
+        // The sandbox holds 500 (limit 100) that no process holds, a tmpfs file: `rm` runs.
+        let short = || FakeProcess::new(Duration::from_millis(200));
+        let edge = 500 + OVER_LIMIT_ALLOWANCE;
+        let r = go_from(short(), bounds(), 500, edge, None, false).await;
+        let c = done(&r);
+        assert!(!c.oom_killed && c.exit_code == 0, "{c:?}");
+        assert!(
+            r.meter.samples.load(Ordering::SeqCst) >= 9,
+            "sampled all along"
+        );
+        // Growing past the allowance is killed, and the wait for memory to come back ends
+        // at where the exec started, not after the whole settle time.
+        let r = go_from(short(), bounds(), 500, edge + 1, None, false).await;
+        let c = done(&r);
+        assert_eq!((c.exit_code, c.oom_killed), (137, true));
+        assert!(
+            r.took < Duration::from_secs(1),
+            "settled at the start: {:?}",
+            r.took
+        );
+        // Under the limit at the start: memory_bytes is the line, as always.
+        let b = bounds();
+        assert_eq!(b.kill_above(Some(50)), 100);
+        assert_eq!(b.kill_above(None), 100);
+        assert_eq!(b.kill_above(Some(500)), edge);
     }
 
     #[tokio::test(start_paused = true)]

@@ -93,7 +93,7 @@ struct SandboxMeter {
 }
 
 impl ExecMeter for SandboxMeter {
-    fn begin(&self) -> u64 {
+    fn begin(&self) -> (u64, Option<u64>) {
         self.meter.begin_exec()
     }
     fn sample(&self) -> Option<u64> {
