@@ -12,6 +12,7 @@ pub mod install;
 pub mod metering;
 pub mod metrics;
 pub mod node;
+pub mod platform;
 pub mod relay;
 pub mod router;
 pub mod runtime;

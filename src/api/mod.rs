@@ -33,6 +33,8 @@ package! {
     sandbox = "sandbox.v1";
     /// `node.v1`: what a node tells the router.
     node = "node.v1";
+    /// `platform.v1`: the sandbox platform API (not yet served).
+    platform = "platform.v1";
 }
 
 /// The encoded file descriptor set of every proto this crate serves, for server reflection.
