@@ -1,10 +1,11 @@
 //! The sandbox platform API (`../shared/spec/sandbox-platform-api.md`,
 //! `proto/platform/v1/platform.proto`): long-lived sandboxes in namespaces, reached with API
-//! keys that hold roles. This is its ground, not yet served: who may call what
-//! ([`access`]), the keys ([`keys`]), what is kept and how a caller's input is validated
-//! ([`records`]), and where the records live ([`store`]).
+//! keys that hold roles. This is its ground, not yet served: who may call what ([`access`])
+//! and how a call's credentials are checked ([`auth`]), the keys ([`keys`]), what is kept and
+//! how a caller's input is validated ([`records`]), and where the records live ([`store`]).
 
 pub mod access;
+pub mod auth;
 pub mod keys;
 pub mod records;
 pub mod store;
