@@ -391,6 +391,13 @@ fn kubernetes_for_real() {
     run("rbac: the base's Role is enough and no more", &mut || {
         rt.block_on(rbac_base(&cluster, &router_kubeconfig))
     });
+    run(
+        "platform store: two router replicas share records and watch them",
+        &mut || {
+            apply_platform_crd(&cluster);
+            rt.block_on(platform_store(&router_kubeconfig))
+        },
+    );
     run("router binary: discovery and /readyz", &mut || {
         rt.block_on(router_binary(&cluster, &router_kubeconfig))
     });
@@ -426,6 +433,7 @@ fn served_since(api_version: &str) -> u32 {
         "rbac.authorization.k8s.io/v1" => 8,
         "node.k8s.io/v1" => 20,
         "policy/v1" => 21,
+        "apiextensions.k8s.io/v1" => 16,
         other => panic!("API version {other} is not in the test's table: add when it came"),
     }
 }
@@ -974,6 +982,19 @@ fn read_only(resources: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
+/// `rules` plus what the router may do with the platform's records (in its namespace only).
+fn with_platform_records(
+    mut rules: BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    rules.insert(
+        "compute.dev:platformrecords".into(),
+        ["get", "list", "watch", "create", "update", "delete"]
+            .map(String::from)
+            .into(),
+    );
+    rules
+}
+
 async fn rbac_base(c: &Cluster, router_kubeconfig: &Path) {
     let router = client_from(router_kubeconfig).await;
     let reads = ["get", "list", "watch"].map(|verb| ask(verb, "pods", NS));
@@ -981,7 +1002,10 @@ async fn rbac_base(c: &Cluster, router_kubeconfig: &Path) {
     let nodes = [ask("list", "nodes", ""), ask("watch", "nodes", "")];
     let too_much = allowed(&router, NEVER.iter().copied().chain(nodes)).await;
     assert!(too_much.is_empty(), "the base's router may {too_much:?}");
-    assert_eq!(own_rules(&router, NS).await, read_only(&["pods"]));
+    assert_eq!(
+        own_rules(&router, NS).await,
+        with_platform_records(read_only(&["pods"]))
+    );
     assert_eq!(own_rules(&router, "default").await, BTreeMap::new());
 
     // Real calls: reading pods works, the rest is refused by the server.
@@ -1054,7 +1078,10 @@ async fn rbac_nodes(router_kubeconfig: &Path) {
         too_much.is_empty(),
         "with watch-nodes the router may {too_much:?}"
     );
-    assert_eq!(own_rules(&router, NS).await, read_only(&["nodes", "pods"]));
+    assert_eq!(
+        own_rules(&router, NS).await,
+        with_platform_records(read_only(&["nodes", "pods"]))
+    );
     assert_eq!(own_rules(&router, "default").await, read_only(&["nodes"]));
     let nodes: Api<Node> = Api::all(router);
     nodes
@@ -1401,4 +1428,205 @@ async fn router_binary(c: &Cluster, router_kubeconfig: &Path) {
         "the router's RBAC fell short:\n{text}"
     );
     server.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The platform store.
+
+/// Applies the base's PlatformRecord CRD for real and waits until it is served.
+fn apply_platform_crd(c: &Cluster) {
+    let base = c.render("base");
+    let crd = one(
+        &base,
+        "CustomResourceDefinition",
+        "platformrecords.compute.dev",
+    );
+    c.kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=computed-tests",
+            "-f",
+            "-",
+        ],
+        Some(&to_yaml(&[crd])),
+    );
+    c.kubectl_ok(
+        &[
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            "crd/platformrecords.compute.dev",
+        ],
+        None,
+    );
+}
+
+/// Polls `f` until it is true (10 s).
+async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f().await {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{what}: not within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Two replicas (two clients with the router's own token, as two router pods would have)
+/// over the same PlatformRecords: what one writes the other reads, a key made or revoked
+/// through one is accepted or refused by the other's authenticator without a restart, and
+/// the audit log is one sequence.
+async fn platform_store(router_kubeconfig: &Path) {
+    use computed::platform::access::Role;
+    use computed::platform::auth::{self, Authenticator, Credentials};
+    use computed::platform::records::{
+        ApiKey, AuditEvent, Binding, Environment, Namespace, Outcome,
+    };
+    use computed::platform::store::{Error, Kind, Records};
+    use computed::platform::{keys, kube_store};
+
+    let a_store = kube_store::shared(client_from(router_kubeconfig).await, NS);
+    let b_store = kube_store::shared(client_from(router_kubeconfig).await, NS);
+    let (a, b) = (Records::new(a_store.clone()), Records::new(b_store.clone()));
+    let auth_b = Authenticator::new(b.clone());
+    let mut b_changes = b_store.watch();
+    let now = "2026-12-02T00:00:00Z".to_string();
+
+    // A namespace and an environment through A, read back through B.
+    let ns = Namespace {
+        name: "team-a".into(),
+        labels: Default::default(),
+        created_at: now.clone(),
+    };
+    a.create(&ns).await.unwrap();
+    assert!(matches!(
+        a.create(&ns).await,
+        Err(Error::AlreadyExists {
+            kind: Kind::Namespace,
+            ..
+        })
+    ));
+    let env = Environment {
+        namespace: "team-a".into(),
+        name: "py".into(),
+        image: "compute.local/sandbox-python:latest".into(),
+        ..Default::default()
+    };
+    env.check().unwrap();
+    a.create(&env).await.unwrap();
+    assert_eq!(
+        b.get::<Namespace>("team-a").await.unwrap(),
+        Some(ns.clone())
+    );
+    assert_eq!(b.get::<Environment>("team-a/py").await.unwrap(), Some(env));
+    // B's watch reports A's namespace (as an initial listing or as an event, whichever
+    // came first).
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let c = b_changes.recv().await.unwrap();
+            if c.kind == Kind::Namespace && c.key == "team-a" && c.present {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("B's watch sees A's namespace");
+
+    // A key made through A works through B at once, with the role A binds.
+    let (id, token) = keys::mint().unwrap();
+    a.create(&ApiKey {
+        key_id: id.clone(),
+        name: "ci".into(),
+        sha256: keys::digest(&token),
+        platform_admin: false,
+        created_at: now.clone(),
+        expires_at: None,
+        revoked_at: None,
+        created_by: "local-root".into(),
+    })
+    .await
+    .unwrap();
+    let header = format!("Bearer {token}");
+    let creds = Credentials {
+        authorization: Some(&header),
+        local_root: false,
+    };
+    const GET: &str = "/platform.v1.SandboxService/GetSandbox";
+    const CREATE: &str = "/platform.v1.SandboxService/CreateSandbox";
+    assert!(matches!(
+        auth_b.check(creds, GET, "team-a").await,
+        Err(auth::Error::Hidden(_))
+    ));
+    a.put(&Binding {
+        namespace: "team-a".into(),
+        key_id: id.clone(),
+        role: Role::Viewer,
+        created_at: now.clone(),
+    })
+    .await
+    .unwrap();
+    eventually("B sees A's viewer binding", async || {
+        auth_b.check(creds, GET, "team-a").await.is_ok()
+    })
+    .await;
+    assert!(matches!(
+        auth_b.check(creds, CREATE, "team-a").await,
+        Err(auth::Error::PermissionDenied(_))
+    ));
+    a.put(&Binding {
+        namespace: "team-a".into(),
+        key_id: id.clone(),
+        role: Role::Operator,
+        created_at: now.clone(),
+    })
+    .await
+    .unwrap();
+    eventually("B sees the upgrade to operator", async || {
+        auth_b.check(creds, CREATE, "team-a").await.is_ok()
+    })
+    .await;
+    // Revoked through A: B refuses it without a restart.
+    let mut k: ApiKey = a.get(&id).await.unwrap().unwrap();
+    k.revoked_at = Some(now.clone());
+    a.put(&k).await.unwrap();
+    eventually("B refuses the key A revoked", async || {
+        matches!(
+            auth_b.check(creds, GET, "team-a").await,
+            Err(auth::Error::Unauthenticated("key revoked"))
+        )
+    })
+    .await;
+    // The digest is stored, never the token.
+    let stored: ApiKey = b.get(&id).await.unwrap().unwrap();
+    assert_eq!(stored.sha256, keys::digest(&token));
+
+    // Lists by prefix, deletes, and one audit sequence from both replicas.
+    let bindings = b.list::<Binding>("team-a/").await.unwrap();
+    assert_eq!(bindings.len(), 1);
+    assert_eq!(bindings[0].role, Role::Operator);
+    assert!(a.delete::<Binding>(&format!("team-a/{id}")).await.unwrap());
+    assert!(!b.delete::<Binding>(&format!("team-a/{id}")).await.unwrap());
+    let mut seqs = Vec::new();
+    for (i, s) in [&a_store, &b_store, &a_store].into_iter().enumerate() {
+        let ev = AuditEvent {
+            seq: 0,
+            time: now.clone(),
+            principal: id.clone(),
+            method: CREATE.into(),
+            namespace: "team-a".into(),
+            resource: format!("r{i}"),
+            outcome: Outcome::Ok,
+            code: String::new(),
+            detail: String::new(),
+        };
+        seqs.push(s.audit(ev).await.unwrap());
+    }
+    let evs = b_store.audit_since(0, 100).await.unwrap();
+    let got: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+    assert_eq!(a_store.audit_since(got[0], 1).await.unwrap()[0].seq, got[1]);
+    assert!(seqs.iter().all(|s| got.contains(s)));
 }

@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 
@@ -52,6 +53,7 @@ struct Objects {
     services: Vec<Service>,
     pdbs: Vec<PodDisruptionBudget>,
     runtime_classes: Vec<RuntimeClass>,
+    crds: Vec<CustomResourceDefinition>,
 }
 
 /// Deserializes `v` as `T`, and checks that serializing it back gives the same document.
@@ -126,6 +128,7 @@ fn load() -> Objects {
                 "Service" => o.services.push(typed(&v, &origin)),
                 "PodDisruptionBudget" => o.pdbs.push(typed(&v, &origin)),
                 "RuntimeClass" => o.runtime_classes.push(typed(&v, &origin)),
+                "CustomResourceDefinition" => o.crds.push(typed(&v, &origin)),
                 other => panic!("{file}: unexpected kind {other:?}"),
             }
             o.origins.push(origin);
@@ -372,6 +375,30 @@ fn the_service_reaches_the_router_grpc_port() {
 }
 
 #[test]
+fn the_platform_crd_is_the_one_the_kube_store_uses() {
+    use computed::platform::kube_store;
+    let o = load();
+    assert_eq!(o.crds.len(), 1);
+    let crd = &o.crds[0];
+    let spec = &crd.spec;
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some(format!("{}.{}", kube_store::PLURAL, kube_store::GROUP).as_str())
+    );
+    assert_eq!(spec.group, kube_store::GROUP);
+    assert_eq!(spec.names.kind, kube_store::KIND);
+    assert_eq!(spec.names.plural, kube_store::PLURAL);
+    assert_eq!(spec.scope, "Namespaced");
+    let v: Vec<&str> = spec.versions.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(v, [kube_store::VERSION]);
+    let schema = serde_json::to_value(&spec.versions[0].schema).unwrap();
+    let props = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    for field in ["kind", "key", "doc"] {
+        assert_eq!(props[field]["type"], "string", "{field}");
+    }
+}
+
+#[test]
 fn router_rbac_is_pods_read_only_and_bound_to_its_service_account() {
     let o = load();
     let d = router(&o);
@@ -388,17 +415,29 @@ fn router_rbac_is_pods_read_only_and_bound_to_its_service_account() {
     assert_eq!(o.roles.len(), 1);
     let role = &o.roles[0];
     let rules = role.rules.as_ref().unwrap();
-    let mut verbs = BTreeSet::new();
+    let mut granted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for r in rules {
-        assert_eq!(r.api_groups.as_deref(), Some(&["".to_string()][..]));
-        assert_eq!(r.resources.as_deref(), Some(&["pods".to_string()][..]));
         assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
-        verbs.extend(r.verbs.iter().cloned());
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                granted
+                    .entry(format!("{g}:{res}"))
+                    .or_default()
+                    .extend(r.verbs.iter().cloned());
+            }
+        }
     }
-    let want: BTreeSet<String> = ["get", "list", "watch"].map(String::from).into();
+    let set = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|s| s.to_string()).collect() };
+    let want = BTreeMap::from([
+        (":pods".to_string(), set(&["get", "list", "watch"])),
+        (
+            "compute.dev:platformrecords".to_string(),
+            set(&["get", "list", "watch", "create", "update", "delete"]),
+        ),
+    ]);
     assert_eq!(
-        verbs, want,
-        "the Role must grant exactly get/list/watch on pods"
+        granted, want,
+        "the Role must grant exactly pod reads and the platform's records"
     );
 
     assert_eq!(o.role_bindings.len(), 1);
