@@ -19,8 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ],
             &["proto"],
         )?;
-    // The platform API (issue 16): generated for the code that will serve it, in a descriptor
-    // set of its own that reflection does not register until it is served.
+    // The platform API (issue 16), in a descriptor set of its own: the node's reflection
+    // serves it, the router's not yet.
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("platform_descriptor.bin"))
         .compile_protos(&["proto/platform/v1/platform.proto"], &["proto"])?;

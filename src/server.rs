@@ -32,6 +32,9 @@ pub enum Error {
     /// The server failed.
     #[error("serve: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The platform API's store could not be opened.
+    #[error("platform store: {0}")]
+    Platform(String),
 }
 
 /// ComputeService's name as gRPC health reports it.
@@ -41,9 +44,12 @@ const COMPUTE_SERVICE: &str =
 /// Largest gRPC message accepted or sent: a 16 MiB WriteFile plus framing.
 pub const MAX_MESSAGE: usize = 17 << 20;
 
-/// Server reflection, v1 and v1alpha (grpcurl 1.8 asks v1alpha), over every proto we serve.
+/// Server reflection, v1 and v1alpha (grpcurl 1.8 asks v1alpha), over every proto we serve;
+/// `platform`: also the platform API's (the node serves it; the router does not yet).
 #[allow(clippy::type_complexity)]
-pub fn reflection() -> Result<
+pub fn reflection(
+    platform: bool,
+) -> Result<
     (
         tonic_reflection::server::v1::ServerReflectionServer<
             impl tonic_reflection::server::v1::ServerReflection,
@@ -54,14 +60,20 @@ pub fn reflection() -> Result<
     ),
     Error,
 > {
-    let v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let sets = || {
+        let b = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        if platform {
+            b.register_encoded_file_descriptor_set(crate::platform::service::FILE_DESCRIPTOR_SET)
+        } else {
+            b
+        }
+    };
+    let v1 = sets()
         .build_v1()
         .map_err(|e| Error::Reflection(e.to_string()))?;
-    let v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let v1alpha = sets()
         .build_v1alpha()
         .map_err(|e| Error::Reflection(e.to_string()))?;
     Ok((v1, v1alpha))
@@ -92,8 +104,12 @@ pub async fn serve(
                         warn!("containerd is not answering: health NOT_SERVING");
                     }
                     let status = if ok { Serving } else { NotServing };
-                    // The server as a whole ("") and ComputeService by name.
-                    for name in ["", COMPUTE_SERVICE] {
+                    // The server as a whole (""), ComputeService and the platform's services
+                    // by name.
+                    let names = ["", COMPUTE_SERVICE]
+                        .into_iter()
+                        .chain(crate::platform::service::SERVICES);
+                    for name in names {
                         reporter.set_service_status(name, status).await;
                     }
                     last = Some(ok);
@@ -102,7 +118,7 @@ pub async fn serve(
             }
         });
     }
-    let (reflection_v1, reflection_v1alpha) = reflection()?;
+    let (reflection_v1, reflection_v1alpha) = reflection(true)?;
     let info =
         crate::api::node::v1::node_info_server::NodeInfoServer::new(InfoApi::new(node.clone()));
     let relay = crate::relay::service::RelayService::new(node.relay().clone());
@@ -121,6 +137,24 @@ pub async fn serve(
     let svc = ComputeServiceServer::new(ComputeApi::new(node))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
+    // The platform API, its records in this node's embedded store.
+    let platform = {
+        let dir = cfg.state_dir.join("platform");
+        let store = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| crate::platform::store::Error::Backend(e.to_string()))?;
+            crate::platform::store::Embedded::open(&dir.join("platform.redb"))
+        })
+        .await
+        .map_err(|e| Error::Platform(e.to_string()))?
+        .map_err(|e| Error::Platform(e.to_string()))?;
+        crate::platform::service::Platform::new(std::sync::Arc::new(store))
+    };
+    use crate::api::platform::v1 as ppb;
+    let p_sandbox = ppb::sandbox_service_server::SandboxServiceServer::new(platform.clone());
+    let p_access = ppb::access_service_server::AccessServiceServer::new(platform.clone());
+    let p_env = ppb::environment_service_server::EnvironmentServiceServer::new(platform.clone());
+    let p_ws = ppb::workspace_service_server::WorkspaceServiceServer::new(platform);
 
     // One set of services, served twice: on TCP (TLS when configured; NodeAdmin only with
     // admin_tcp) and on the unix socket (plain, always with NodeAdmin).
@@ -142,6 +176,10 @@ pub async fn serve(
             .add_service(relay_worker.clone())
             .add_service(relay_exec.clone())
             .add_service(svc.clone())
+            .add_service(p_sandbox.clone())
+            .add_service(p_access.clone())
+            .add_service(p_env.clone())
+            .add_service(p_ws.clone())
     };
     let tcp_server = match tls_config(&cfg)? {
         Some(tls) => {

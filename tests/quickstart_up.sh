@@ -145,6 +145,13 @@ grep -q "\"sandboxId\": \"$id\"" <<<"$out" && grep -q '"totalUsage"' <<<"$out"; 
 # Reflection (v1alpha, as grpcurl 1.8 uses) lists the services.
 out=$(grpcurl -plaintext localhost:50051 list)
 grep -q compute.v1.ComputeService <<<"$out" && grep -q grpc.health.v1.Health <<<"$out"; check "reflection lists services" $?
+grep -q platform.v1.AccessService <<<"$out" && grep -q platform.v1.SandboxService <<<"$out"; check "reflection lists the platform API" $?
+
+# The platform API: no key on TCP is UNAUTHENTICATED; root on the unix socket is the platform admin.
+out=$(grpcurl -plaintext localhost:50051 platform.v1.AccessService/WhoAmI 2>&1)
+grep -q Unauthenticated <<<"$out"; check "platform API without a key: UNAUTHENTICATED" $?
+out=$(grpcurl -plaintext -unix -authority localhost "${COMPUTE_SOCKET:-/run/compute/compute.sock}" platform.v1.AccessService/WhoAmI 2>&1)
+grep -q '"principal": "local-root"' <<<"$out"; check "root on the socket is local-root" $?
 
 # A sandbox left running is removed when scripts/up stops.
 out=$(grpcurl -plaintext -d '{"tenant_id":"t","session_id":"left-running"}' localhost:50051 compute.v1.ComputeService/CreateSandbox)

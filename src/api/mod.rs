@@ -33,7 +33,7 @@ package! {
     sandbox = "sandbox.v1";
     /// `node.v1`: what a node tells the router.
     node = "node.v1";
-    /// `platform.v1`: the sandbox platform API (not yet served).
+    /// `platform.v1`: the sandbox platform API (served by the node, in part).
     platform = "platform.v1";
 }
 

@@ -152,7 +152,7 @@ pub async fn serve(
             }
         });
     }
-    let (v1, v1alpha) = crate::server::reflection()?;
+    let (v1, v1alpha) = crate::server::reflection(false)?;
     let relay = RelayForwarder::new(r.clone());
     let svc = ComputeServiceServer::new(Forwarder::new(r))
         .max_decoding_message_size(crate::server::MAX_MESSAGE)
