@@ -1548,6 +1548,16 @@ async fn platform_store(router_kubeconfig: &Path) {
     })
     .await
     .unwrap();
+    let bind_in_a = async |role: Role| {
+        a.put(&Binding {
+            namespace: "team-a".into(),
+            key_id: id.clone(),
+            role,
+            created_at: now.clone(),
+        })
+        .await
+        .unwrap()
+    };
     let header = format!("Bearer {token}");
     let creds = Credentials {
         authorization: Some(&header),
@@ -1559,14 +1569,7 @@ async fn platform_store(router_kubeconfig: &Path) {
         auth_b.check(creds, GET, "team-a").await,
         Err(auth::Error::Hidden(_))
     ));
-    a.put(&Binding {
-        namespace: "team-a".into(),
-        key_id: id.clone(),
-        role: Role::Viewer,
-        created_at: now.clone(),
-    })
-    .await
-    .unwrap();
+    bind_in_a(Role::Viewer).await;
     eventually("B sees A's viewer binding", async || {
         auth_b.check(creds, GET, "team-a").await.is_ok()
     })
@@ -1575,14 +1578,7 @@ async fn platform_store(router_kubeconfig: &Path) {
         auth_b.check(creds, CREATE, "team-a").await,
         Err(auth::Error::PermissionDenied(_))
     ));
-    a.put(&Binding {
-        namespace: "team-a".into(),
-        key_id: id.clone(),
-        role: Role::Operator,
-        created_at: now.clone(),
-    })
-    .await
-    .unwrap();
+    bind_in_a(Role::Operator).await;
     eventually("B sees the upgrade to operator", async || {
         auth_b.check(creds, CREATE, "team-a").await.is_ok()
     })

@@ -72,10 +72,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 impl Authenticator {
     /// An authenticator over `records`; spawns the task that drops the cache on changes (so
     /// it needs a tokio runtime).
@@ -145,7 +141,7 @@ impl Authenticator {
         if !keys::matches(token, &entry.key.sha256) {
             return Err(Error::Unauthenticated("invalid key"));
         }
-        match entry.key.unusable(&now()) {
+        match entry.key.unusable(&super::records::now()) {
             Some("revoked") => return Err(Error::Unauthenticated("key revoked")),
             Some(_) => return Err(Error::Unauthenticated("key expired")),
             None => {}
@@ -177,7 +173,7 @@ impl Authenticator {
 #[cfg(test)]
 mod tests {
     use super::super::access::Role;
-    use super::super::records::Binding;
+    use super::super::records::{now, Binding};
     use super::super::store::Embedded;
     use super::*;
 

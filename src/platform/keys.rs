@@ -46,10 +46,8 @@ pub fn matches(token: &str, stored: &str) -> bool {
             == 0
 }
 
-/// The token of an `authorization` value: `Bearer <token>` (scheme case-insensitive).
-pub fn bearer(header: &str) -> Option<&str> {
-    crate::relay::auth::bearer(header)
-}
+/// The token of an `authorization` value: `Bearer <token>` (the relay's parser).
+pub use crate::relay::auth::bearer;
 
 #[cfg(test)]
 mod tests {

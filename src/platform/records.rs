@@ -20,6 +20,11 @@ pub const MAX_EGRESS_RULES: usize = 256;
 /// platform's.
 pub const PLATFORM_ENV_PREFIX: &str = "SANDBOX_";
 
+/// Now, as the records write times: RFC 3339 in UTC, milliseconds.
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 /// A validation failure: INVALID_ARGUMENT with this text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

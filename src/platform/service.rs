@@ -77,10 +77,6 @@ fn store_status(s: &store::Error) -> Status {
 
 type Result<T> = std::result::Result<T, Error>;
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 fn ts(rfc3339: &str) -> Option<prost_types::Timestamp> {
     let t = chrono::DateTime::parse_from_rfc3339(rfc3339).ok()?;
     Some(prost_types::Timestamp {
@@ -118,12 +114,20 @@ pub struct Platform {
     auth: Authenticator,
 }
 
-/// Whether the call came over the node's unix socket from uid 0.
-fn local_root<T>(req: &Request<T>) -> bool {
-    req.extensions()
-        .get::<tonic::transport::server::UdsConnectInfo>()
-        .and_then(|i| i.peer_cred)
-        .is_some_and(|c| c.uid() == 0)
+/// What a call presents: its `authorization` metadata, and whether it came over the node's
+/// unix socket from uid 0.
+fn credentials<T>(req: &Request<T>) -> Credentials<'_> {
+    Credentials {
+        authorization: req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok()),
+        local_root: req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .is_some_and(|c| c.uid() == 0),
+    }
 }
 
 /// The method path of a call (tonic does not hand it to the handler).
@@ -147,30 +151,29 @@ impl Platform {
     }
 
     /// Checks the call; a refusal is audited and returned as its status.
-    async fn gate<T>(&self, req: &Request<T>, method: &str, namespace: &str) -> Result<Principal> {
-        let authorization = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let creds = Credentials {
-            authorization,
-            local_root: local_root(req),
-        };
+    async fn gate<T>(
+        &self,
+        req: &Request<T>,
+        method: &str,
+        namespace: &str,
+    ) -> std::result::Result<Principal, Status> {
+        let creds = credentials(req);
         match self.auth.check(creds, method, namespace).await {
             Ok(p) => Ok(p),
             Err(e) => {
-                let principal = match (&e, authorization.and_then(keys::bearer)) {
-                    (auth::Error::Unauthenticated(_), _) | (_, None) => "anonymous".to_string(),
-                    (_, Some(t)) => keys::key_id_of(t).unwrap_or("anonymous").to_string(),
+                let principal = match (&e, creds.authorization.and_then(keys::bearer)) {
+                    (auth::Error::Unauthenticated(_), _) | (_, None) => "anonymous",
+                    (_, Some(t)) => keys::key_id_of(t).unwrap_or("anonymous"),
                 };
-                let e = Error::Auth(e);
-                self.audit(&principal, method, namespace, "", Outcome::Denied, Some(&e))
+                let s = Status::from(Error::Auth(e));
+                self.audit(principal, method, namespace, "", Outcome::Denied, Some(&s))
                     .await;
-                Err(e)
+                Err(s)
             }
         }
     }
 
+    /// Appends an audit event; `status` is the refusal or failure the caller got, if any.
     async fn audit(
         &self,
         principal: &str,
@@ -178,18 +181,15 @@ impl Platform {
         namespace: &str,
         resource: &str,
         outcome: Outcome,
-        err: Option<&Error>,
+        status: Option<&Status>,
     ) {
-        let (code, detail) = match err {
-            Some(e) => {
-                let s = Status::from(clone_error(e));
-                (format!("{:?}", s.code()), s.message().to_string())
-            }
+        let (code, detail) = match status {
+            Some(s) => (format!("{:?}", s.code()), s.message().to_string()),
             None => (String::new(), String::new()),
         };
         let ev = AuditEvent {
             seq: 0,
-            time: now(),
+            time: records::now(),
             principal: principal.to_string(),
             method: method.to_string(),
             namespace: namespace.to_string(),
@@ -203,7 +203,7 @@ impl Platform {
         }
     }
 
-    /// Runs a write, audits its outcome, and returns it.
+    /// Audits a write's outcome and returns it.
     async fn write<T>(
         &self,
         p: &Principal,
@@ -223,9 +223,10 @@ impl Platform {
                     Error::PermissionDenied(_) | Error::Auth(_) => Outcome::Denied,
                     _ => Outcome::Failed,
                 };
-                self.audit(p.name(), method, namespace, resource, outcome, Some(&e))
+                let s = Status::from(e);
+                self.audit(p.name(), method, namespace, resource, outcome, Some(&s))
                     .await;
-                Err(e.into())
+                Err(s)
             }
         }
     }
@@ -235,22 +236,6 @@ impl Platform {
             Some(_) => Ok(()),
             None => Err(Error::NotFound(format!("namespace {name}"))),
         }
-    }
-}
-
-/// A copy of an error for the audit line (the original goes to the caller).
-fn clone_error(e: &Error) -> Error {
-    match e {
-        Error::Auth(auth::Error::Unauthenticated(m)) => {
-            Error::Auth(auth::Error::Unauthenticated(m))
-        }
-        Error::Auth(a) => Error::PermissionDenied(a.to_string()),
-        Error::Invalid(i) => Error::Invalid(i.clone()),
-        Error::NotFound(m) => Error::NotFound(m.clone()),
-        Error::PermissionDenied(m) => Error::PermissionDenied(m.clone()),
-        Error::FailedPrecondition(m) => Error::FailedPrecondition(m.clone()),
-        Error::Unimplemented(m) => Error::Unimplemented(m.clone()),
-        Error::Store(s) => Error::FailedPrecondition(s.to_string()),
     }
 }
 
@@ -454,7 +439,7 @@ impl pb::access_service_server::AccessService for Platform {
             let ns = Namespace {
                 name: name.clone(),
                 labels: map(&req.get_ref().labels),
-                created_at: now(),
+                created_at: records::now(),
             };
             self.records.create(&ns).await?;
             Ok(namespace_pb(&ns))
@@ -594,7 +579,7 @@ impl pb::access_service_server::AccessService for Platform {
                 name: r.name.clone(),
                 sha256: keys::digest(&token),
                 platform_admin: r.platform_admin,
-                created_at: now(),
+                created_at: records::now(),
                 expires_at,
                 revoked_at: None,
                 created_by: p.name().to_string(),
@@ -606,7 +591,7 @@ impl pb::access_service_server::AccessService for Platform {
                         namespace: r.namespace.clone(),
                         key_id: key_id.clone(),
                         role,
-                        created_at: now(),
+                        created_at: records::now(),
                     })
                     .await?;
             }
@@ -695,7 +680,7 @@ impl pb::access_service_server::AccessService for Platform {
                 }
             }
             if key.revoked_at.is_none() {
-                key.revoked_at = Some(now());
+                key.revoked_at = Some(records::now());
                 self.records.put(&key).await?;
             }
             Ok(key_pb(&key))
@@ -723,7 +708,7 @@ impl pb::access_service_server::AccessService for Platform {
                 namespace: r.namespace.clone(),
                 key_id: r.key_id.clone(),
                 role,
-                created_at: now(),
+                created_at: records::now(),
             };
             self.records.put(&b).await?;
             Ok(binding_pb(&b))
@@ -854,7 +839,7 @@ impl pb::environment_service_server::EnvironmentService for Platform {
             let mut env = environment_of(&e)?;
             env.check()?;
             self.namespace_exists(&env.namespace).await?;
-            env.created_at = now();
+            env.created_at = records::now();
             env.updated_at = env.created_at.clone();
             self.records.create(&env).await?;
             Ok(environment_pb(&env))
@@ -945,19 +930,11 @@ impl Platform {
                 self.gate(req, method, ns).await?;
             }
             None => {
-                let authorization = req
-                    .metadata()
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok());
-                let creds = Credentials {
-                    authorization,
-                    local_root: local_root(req),
-                };
-                if let Err(e) = self.auth.principal(creds).await {
-                    let e = Error::Auth(e);
-                    self.audit("anonymous", method, "", "", Outcome::Denied, Some(&e))
+                if let Err(e) = self.auth.principal(credentials(req)).await {
+                    let s = Status::from(Error::Auth(e));
+                    self.audit("anonymous", method, "", "", Outcome::Denied, Some(&s))
                         .await;
-                    return Err(e.into());
+                    return Err(s);
                 }
             }
         }
@@ -1127,12 +1104,15 @@ impl pb::workspace_service_server::WorkspaceService for Platform {
 }
 
 /// Names of the services, for health.
-pub const SERVICES: [&str; 4] = [
-    "platform.v1.SandboxService",
-    "platform.v1.AccessService",
-    "platform.v1.EnvironmentService",
-    "platform.v1.WorkspaceService",
-];
+pub const SERVICES: [&str; 4] = {
+    use tonic::server::NamedService;
+    [
+        <pb::sandbox_service_server::SandboxServiceServer<Platform> as NamedService>::NAME,
+        <pb::access_service_server::AccessServiceServer<Platform> as NamedService>::NAME,
+        <pb::environment_service_server::EnvironmentServiceServer<Platform> as NamedService>::NAME,
+        <pb::workspace_service_server::WorkspaceServiceServer<Platform> as NamedService>::NAME,
+    ]
+};
 
 /// The descriptor set reflection serves for the platform API.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("platform_descriptor");
