@@ -44,12 +44,10 @@ const COMPUTE_SERVICE: &str =
 /// Largest gRPC message accepted or sent: a 16 MiB WriteFile plus framing.
 pub const MAX_MESSAGE: usize = 17 << 20;
 
-/// Server reflection, v1 and v1alpha (grpcurl 1.8 asks v1alpha), over every proto we serve;
-/// `platform`: also the platform API's (the node serves it; the router does not yet).
+/// Server reflection, v1 and v1alpha (grpcurl 1.8 asks v1alpha), over every proto we serve
+/// (the node's and the router's: compute.v1, health, the platform API).
 #[allow(clippy::type_complexity)]
-pub fn reflection(
-    platform: bool,
-) -> Result<
+pub fn reflection() -> Result<
     (
         tonic_reflection::server::v1::ServerReflectionServer<
             impl tonic_reflection::server::v1::ServerReflection,
@@ -61,14 +59,10 @@ pub fn reflection(
     Error,
 > {
     let sets = || {
-        let b = tonic_reflection::server::Builder::configure()
+        tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
-        if platform {
-            b.register_encoded_file_descriptor_set(crate::platform::service::FILE_DESCRIPTOR_SET)
-        } else {
-            b
-        }
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(crate::platform::service::FILE_DESCRIPTOR_SET)
     };
     let v1 = sets()
         .build_v1()
@@ -118,7 +112,7 @@ pub async fn serve(
             }
         });
     }
-    let (reflection_v1, reflection_v1alpha) = reflection(true)?;
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
     let info =
         crate::api::node::v1::node_info_server::NodeInfoServer::new(InfoApi::new(node.clone()));
     let relay = crate::relay::service::RelayService::new(node.relay().clone());
@@ -138,23 +132,12 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     // The platform API, its records in this node's embedded store.
-    let platform = {
-        let dir = cfg.state_dir.join("platform");
-        let store = tokio::task::spawn_blocking(move || {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| crate::platform::store::Error::Backend(e.to_string()))?;
-            crate::platform::store::Embedded::open(&dir.join("platform.redb"))
-        })
-        .await
-        .map_err(|e| Error::Platform(e.to_string()))?
-        .map_err(|e| Error::Platform(e.to_string()))?;
-        crate::platform::service::Platform::new(std::sync::Arc::new(store))
-    };
-    use crate::api::platform::v1 as ppb;
-    let p_sandbox = ppb::sandbox_service_server::SandboxServiceServer::new(platform.clone());
-    let p_access = ppb::access_service_server::AccessServiceServer::new(platform.clone());
-    let p_env = ppb::environment_service_server::EnvironmentServiceServer::new(platform.clone());
-    let p_ws = ppb::workspace_service_server::WorkspaceServiceServer::new(platform);
+    let platform = crate::platform::service::Platform::embedded(
+        cfg.state_dir.join("platform").join("platform.redb"),
+    )
+    .await
+    .map_err(|e| Error::Platform(e.to_string()))?
+    .servers();
 
     // One set of services, served twice: on TCP (TLS when configured; NodeAdmin only with
     // admin_tcp) and on the unix socket (plain, always with NodeAdmin).
@@ -176,10 +159,10 @@ pub async fn serve(
             .add_service(relay_worker.clone())
             .add_service(relay_exec.clone())
             .add_service(svc.clone())
-            .add_service(p_sandbox.clone())
-            .add_service(p_access.clone())
-            .add_service(p_env.clone())
-            .add_service(p_ws.clone())
+            .add_service(platform.sandbox.clone())
+            .add_service(platform.access.clone())
+            .add_service(platform.environment.clone())
+            .add_service(platform.workspace.clone())
     };
     let tcp_server = match tls_config(&cfg)? {
         Some(tls) => {
@@ -340,7 +323,7 @@ fn undecodable_is_invalid_argument(
     resp
 }
 
-fn bind_unix(path: &Path, group: &str) -> Result<tokio::net::UnixListener, Error> {
+pub(crate) fn bind_unix(path: &Path, group: &str) -> Result<tokio::net::UnixListener, Error> {
     use std::os::unix::fs::PermissionsExt;
     let err = |source| Error::Bind {
         addr: path.display().to_string(),

@@ -9,12 +9,19 @@
 //!   namespace and keys; the records survive `kill -9`.
 //! * Keys never appear in the daemon's log, in errors or in the audit log, which holds every
 //!   write and every denied call.
+//! * The same table through a `computed router` in front of two nodes (bootstrapped as root on
+//!   the router's own socket; its records in its embedded store survive a restart), with
+//!   compute.v1 still forwarded to the nodes; replicas sharing records are `tests/kube_real.rs`.
+//! * `computectl`'s platform verbs: namespaces, keys (the secret once, on stdout), bindings,
+//!   environments, whoami and the audit log, as tables and `-o json`, as root on the socket and
+//!   with `--api-key` / `COMPUTE_API_KEY` over TCP.
 
 #[macro_use]
 mod common;
 
 use std::time::Duration;
 
+use common::router::RouterProc;
 use common::*;
 use computed::api::platform::v1 as pb;
 use computed::platform::access::{self, Need, Role};
@@ -372,11 +379,10 @@ const ID_ADDRESSED: &[&str] = &[
     "DeleteWorkspace",
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn every_rpc_by_every_credential_in_own_and_other_namespaces() {
-    need!();
-    let (mut d, _c) = start_client("platform", "").await;
-    let root = d.local_channel().await;
+/// The whole table over `tcp`, bootstrapped over `root` (root on a unix socket of the
+/// server): every RPC x 8 credentials x own/other namespace, the namespace admin's own rules and
+/// the audit log. Returns every secret made, the audit log as text and the operator's key.
+async fn table(root: Channel, tcp: Channel) -> Table {
     let mut a = AccessServiceClient::new(root.clone());
     // Root on the socket bootstraps: it is the platform admin.
     let me = a.who_am_i(pb::WhoAmIRequest {}).await.unwrap().into_inner();
@@ -443,7 +449,6 @@ async fn every_rpc_by_every_credential_in_own_and_other_namespaces() {
     assert_eq!(past.unwrap_err().code(), Code::InvalidArgument);
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
-    let tcp = channel(&d.addr).await;
     let keys: [(&str, Option<&str>, Option<Role>, bool); 8] = [
         ("no key", None, None, false),
         ("malformed", Some("cpk_nonsense"), None, false),
@@ -601,20 +606,307 @@ async fn every_rpc_by_every_credential_in_own_and_other_namespaces() {
         .any(|e| e.outcome == pb::AuditOutcome::Ok as i32
             && e.method.ends_with("CreateEnvironment")
             && e.principal == "local-root"));
+    let mut secrets = secrets.to_vec();
+    secrets.push(made_key);
+    Table {
+        secrets,
+        audit: text,
+        operator,
+    }
+}
+
+/// What [`table`] made.
+struct Table {
+    secrets: Vec<String>,
+    audit: String,
+    operator: String,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_rpc_by_every_credential_in_own_and_other_namespaces() {
+    need!();
+    let (mut d, _c) = start_client("platform", "").await;
+    let t = table(d.local_channel().await, channel(&d.addr).await).await;
     // Records survive kill -9: the operator key still works, with its role.
     d.kill9();
     d.spawn();
     let tcp = channel(&d.addr).await;
     let who = AccessServiceClient::new(tcp)
-        .who_am_i(with(pb::WhoAmIRequest {}, Some(&operator)))
+        .who_am_i(with(pb::WhoAmIRequest {}, Some(&t.operator)))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(who.bindings[0].namespace, "team-a");
     let log = d.log_text();
-    for s in secrets.iter().chain([&made_key]) {
+    for s in &t.secrets {
         let secret_part = &s[s.len() - 64..];
         assert!(!log.contains(secret_part), "a key is in the daemon's log");
-        assert!(!text.contains(secret_part), "a key is in the audit log");
+        assert!(!t.audit.contains(secret_part), "a key is in the audit log");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_router_in_front_of_two_nodes_serves_the_same_table() {
+    need!();
+    let nodes = [start("platform-ra", ""), start("platform-rb", "")];
+    let list = format!("{},{}", nodes[0].addr, nodes[1].addr);
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = RouterProc::start(&list, dir.path(), "platform");
+    r.wait_nodes().await;
+    let root = unix_channel(&r.socket()).await;
+    let t = table(root, channel(&r.addr).await).await;
+
+    // Health and reflection name the platform's services on the router.
+    let mut h = tonic_health::pb::health_client::HealthClient::new(channel(&r.addr).await);
+    for svc in computed::platform::service::SERVICES {
+        let st = h
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: svc.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(st.status, 1, "{svc} is not SERVING on the router");
+    }
+    // compute.v1 still goes to the nodes, with no key.
+    let mut c = r.client().await;
+    let id = create(&mut c, create_req("t", "platform-router"))
+        .await
+        .sandbox_id;
+    let o = exec(&mut c, exec_req(&id, "echo", &["via router"]))
+        .await
+        .unwrap();
+    assert_eq!(o.out(), "via router\n");
+    destroy(&mut c, &id).await;
+
+    // The router's records outlive it: after a restart the operator key works, with its role.
+    r.kill();
+    r.spawn();
+    let who = AccessServiceClient::new(channel(&r.addr).await)
+        .who_am_i(with(pb::WhoAmIRequest {}, Some(&t.operator)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(who.bindings[0].namespace, "team-a");
+    assert_eq!(who.bindings[0].role, Role::Operator.to_proto());
+    // No secret in the router's log, the nodes' logs or the audit log.
+    let logs = [r.log_text(), nodes[0].log_text(), nodes[1].log_text()];
+    for s in &t.secrets {
+        let secret_part = &s[s.len() - 64..];
+        for l in &logs {
+            assert!(!l.contains(secret_part), "a key is in a log");
+        }
+        assert!(!t.audit.contains(secret_part), "a key is in the audit log");
+    }
+}
+
+/// Runs computectl with `args`, returning stdout; fails with stderr unless it succeeds.
+fn ctl_ok(cmd: &mut std::process::Command, what: &str) -> String {
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn computectl_manages_namespaces_keys_bindings_environments_and_reads_the_audit() {
+    need!();
+    let (d, _c) = start_client("platform-ctl", "").await;
+    let root = |args: &[&str]| {
+        let mut c = d.computectl_command();
+        c.args(args).env_remove("COMPUTE_API_KEY");
+        ctl_ok(&mut c, &args.join(" "))
+    };
+    // Over TCP with a key (flag or environment).
+    let remote = |key: &str, args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_computectl"));
+        c.args(["--addr", &d.addr])
+            .args(args)
+            .env("COMPUTE_API_KEY", key);
+        c.output().unwrap()
+    };
+    assert!(root(&["whoami"]).starts_with("local-root (platform admin)"));
+    let out = root(&["ns", "create", "team-a", "--label", "tier=gold"]);
+    assert!(out.contains("team-a") && out.contains("tier=gold"), "{out}");
+    // A key's secret alone on stdout, once; the listing never shows it.
+    let admin = root(&["key", "create", "adm", "-n", "team-a", "--role", "admin"]);
+    let admin = admin.trim().to_string();
+    assert!(admin.starts_with("cpk_"), "{admin}");
+    let viewer: serde_json::Value = serde_json::from_str(&root(&[
+        "key",
+        "create",
+        "view",
+        "-n",
+        "team-a",
+        "--role",
+        "viewer",
+        "--expires-in",
+        "1d",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let viewer_id = viewer["key_id"].as_str().unwrap().to_string();
+    let viewer_secret = viewer["secret"].as_str().unwrap().to_string();
+    assert!(viewer["expires_at"].is_string(), "{viewer}");
+    let keys: serde_json::Value =
+        serde_json::from_str(&root(&["key", "ls", "-o", "json"])).unwrap();
+    let listed = keys.to_string();
+    assert_eq!(keys.as_array().unwrap().len(), 2, "{listed}");
+    assert!(!listed.contains(&admin[admin.len() - 64..]) && !listed.contains("secret"));
+
+    // The namespace admin makes an environment over TCP; the viewer reads it but may not.
+    let o = remote(
+        &admin,
+        &[
+            "env",
+            "create",
+            "team-a",
+            "py",
+            "--image",
+            IMAGE,
+            "--memory",
+            "512Mi",
+            "-e",
+            "MODE=test",
+            "--workspace",
+            "/work:1Gi",
+            "--egress",
+            "pypi.org:443",
+            "--idle-suspend-sec",
+            "600",
+            "--",
+            "python3",
+            "-i",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = remote(
+        &viewer_secret,
+        &["env", "get", "team-a", "py", "-o", "json"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let env: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(env["resources"]["memory_bytes"], 512u64 << 20);
+    assert_eq!(env["default_argv"], serde_json::json!(["python3", "-i"]));
+    assert_eq!(env["env"]["MODE"], "test");
+    assert_eq!(env["egress"][0]["host"], "pypi.org");
+    assert_eq!(env["workspaces"][0]["size"], "1Gi");
+    assert_eq!(env["idle_suspend_sec"], 600);
+    let o = remote(
+        &viewer_secret,
+        &["env", "create", "team-a", "x", "--image", IMAGE],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("PermissionDenied"), "{err}");
+    // A platform-injected variable is refused as InvalidArgument, named.
+    let o = remote(
+        &admin,
+        &[
+            "env",
+            "create",
+            "team-a",
+            "bad",
+            "--image",
+            IMAGE,
+            "-e",
+            "SANDBOX_ID=x",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("InvalidArgument"),
+        "{err}"
+    );
+    // No key over TCP: UNAUTHENTICATED, and the secret is never echoed in an error.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .args(["--addr", &d.addr, "ns", "ls"])
+        .env_remove("COMPUTE_API_KEY")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Unauthenticated"));
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_computectl"))
+        .args([
+            "--addr",
+            &d.addr,
+            "--api-key",
+            &format!("{viewer_secret}x"),
+            "whoami",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("Unauthenticated"), "{err}");
+    assert!(
+        !err.contains(&viewer_secret[viewer_secret.len() - 64..]),
+        "{err}"
+    );
+
+    // Bindings: the viewer is upgraded to operator, then unbound.
+    let out = root(&["binding", "set", "team-a", &viewer_id, "operator"]);
+    assert!(out.contains("operator"), "{out}");
+    let o = remote(&viewer_secret, &["whoami", "-o", "json"]);
+    let who: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(who["bindings"][0]["role"], "operator", "{who}");
+    let out = root(&["binding", "ls", "team-a"]);
+    assert_eq!(out.lines().count(), 3, "header + 2 bindings:\n{out}");
+    root(&["binding", "delete", "team-a", &viewer_id]);
+    let o = remote(&viewer_secret, &["env", "ls", "team-a"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NotFound"));
+    // Revoked: refused at once.
+    let out = root(&["key", "revoke", &viewer_id]);
+    assert!(out.contains("revoked"), "{out}");
+    let o = remote(&viewer_secret, &["whoami"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Unauthenticated"));
+
+    // The audit log: JSON lines, the namespace admin reads its namespace's only.
+    let lines = root(&["audit", "-o", "json", "--limit", "1000"]);
+    let evs: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let has = |method: &str, outcome: &str| {
+        evs.iter()
+            .any(|e| e["method"].as_str().unwrap().ends_with(method) && e["outcome"] == outcome)
+    };
+    assert!(has("CreateNamespace", "ok") && has("CreateEnvironment", "ok"));
+    assert!(has("CreateEnvironment", "denied") && has("RevokeApiKey", "ok"));
+    assert!(
+        evs.iter().any(|e| e["code"] == "InvalidArgument"),
+        "{lines}"
+    );
+    let o = remote(&admin, &["audit", "-n", "team-a", "-o", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mine = String::from_utf8(o.stdout).unwrap();
+    assert!(mine.lines().count() >= 5, "{mine}");
+    assert!(mine
+        .lines()
+        .all(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["namespace"] == "team-a"));
+    let o = remote(&admin, &["audit"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("PermissionDenied"));
+    let table = root(&["audit", "--since", "1h"]);
+    assert!(
+        table.starts_with("TIME") && table.contains("CreateNamespace"),
+        "{table}"
+    );
+    for text in [lines, mine, table, d.log_text()] {
+        for s in [&admin, &viewer_secret] {
+            assert!(
+                !text.contains(&s[s.len() - 64..]),
+                "a key is in the output or log"
+            );
+        }
+    }
+    // Deleting: the environment, then the namespace.
+    root(&["env", "delete", "team-a", "py"]);
+    root(&["ns", "delete", "team-a"]);
+    assert_eq!(
+        root(&["ns", "ls"]).lines().count(),
+        1,
+        "only the header is left"
+    );
 }

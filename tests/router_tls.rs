@@ -341,8 +341,8 @@ async fn a_tls_router_does_not_downgrade_to_a_plaintext_node() {
     // Spelling the scheme out does not downgrade it either: a config error, before binding.
     let listen = free_addr();
     let url = format!("http://{}", node.addr);
-    let mut args = router_args(&listen, &url).to_vec();
-    args.extend(pki.node_mtls());
+    let mut args = router_args(&listen, &url);
+    args.extend(pki.node_mtls().into_iter().map(String::from));
     let o = router_command().args(&args).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(64), "{err}");

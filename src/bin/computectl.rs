@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use computed::cli::{
-    self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, relay::RelayCmd,
-    top::TopArgs, trash::TrashCmd, Target,
+    self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, platform,
+    relay::RelayCmd, top::TopArgs, trash::TrashCmd, Target,
 };
 
 #[derive(Parser)]
@@ -13,7 +13,7 @@ use computed::cli::{
     name = "computectl",
     version,
     about = "Inspect and manage the sandboxes of one node",
-    after_help = "Examples:\n  computectl ls\n  computectl describe 3f2a…\n  computectl exec 3f2a… -- python3 -c 'print(42)'\n  computectl cp ./data.csv 3f2a…:data.csv\n  computectl top\n  computectl doctor"
+    after_help = "Examples:\n  computectl ls\n  computectl describe 3f2a…\n  computectl exec 3f2a… -- python3 -c 'print(42)'\n  computectl cp ./data.csv 3f2a…:data.csv\n  computectl top\n  computectl doctor\n  computectl ns create team-a\n  computectl key create ci -n team-a --role operator\n  computectl --addr router:50051 --api-key $KEY env ls team-a"
 )]
 struct Args {
     #[command(flatten)]
@@ -69,6 +69,31 @@ enum Cmd {
         #[command(subcommand)]
         cmd: RelayCmd,
     },
+    /// Platform API namespaces.
+    #[command(alias = "ns")]
+    Namespace {
+        #[command(subcommand)]
+        cmd: platform::NamespaceCmd,
+    },
+    /// Platform API keys (the secret is shown once, at creation).
+    Key {
+        #[command(subcommand)]
+        cmd: platform::KeyCmd,
+    },
+    /// Roles of keys in namespaces (viewer < operator < admin).
+    Binding {
+        #[command(subcommand)]
+        cmd: platform::BindingCmd,
+    },
+    /// Platform environments: sandbox templates of a namespace.
+    Env {
+        #[command(subcommand)]
+        cmd: platform::EnvCmd,
+    },
+    /// Who the platform API sees (the key, or local-root on the unix socket) and its roles.
+    Whoami,
+    /// The platform API's audit log: every write and every denied call.
+    Audit(platform::AuditArgs),
     /// Check containerd, runsc, cgroups, KVM, disk, config and the daemon.
     Doctor(DoctorArgs),
     /// Print a shell completion script.
@@ -112,6 +137,12 @@ fn main() -> ExitCode {
             Cmd::Trash { cmd } => cli::trash::run(&t, cmd).await.map(|_| 0),
             Cmd::Image { cmd } => cli::image::run(&t, cmd).await.map(|_| 0),
             Cmd::Relay { cmd } => cli::relay::run(&t, cmd).await.map(|_| 0),
+            Cmd::Namespace { cmd } => platform::namespace(&t, cmd).await.map(|_| 0),
+            Cmd::Key { cmd } => platform::key(&t, cmd).await.map(|_| 0),
+            Cmd::Binding { cmd } => platform::binding(&t, cmd).await.map(|_| 0),
+            Cmd::Env { cmd } => platform::env(&t, cmd).await.map(|_| 0),
+            Cmd::Whoami => platform::whoami(&t).await.map(|_| 0),
+            Cmd::Audit(a) => platform::audit(&t, a).await.map(|_| 0),
             Cmd::Doctor(a) => cli::doctor::run(&t, a).await.map(|_| 0),
             Cmd::Completion { .. } => Ok(0),
         }

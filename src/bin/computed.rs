@@ -93,6 +93,20 @@ struct RouterArgs {
     /// dialed at (the pod IP under Kubernetes discovery).
     #[arg(long, env = "COMPUTE_ROUTER_NODE_TLS_SERVER_NAME")]
     node_tls_server_name: Option<String>,
+    /// Where the platform API's records live: `kube` (PlatformRecord objects in --namespace,
+    /// shared by every replica) or the path of an embedded database file (one replica only).
+    /// Default: `kube` under Kubernetes discovery, /var/lib/computed-router/platform.redb with
+    /// --nodes.
+    #[arg(long, env = "COMPUTE_ROUTER_PLATFORM_STORE")]
+    platform_store: Option<String>,
+    /// A unix socket serving the same as --listen, where uid 0 is the platform API's admin
+    /// (how the first namespace and key are made); empty: none.
+    #[arg(
+        long,
+        env = "COMPUTE_ROUTER_SOCKET",
+        default_value = "/run/compute/router.sock"
+    )]
+    socket: PathBuf,
     /// PEM certificate chain of the router's own listener; with --tls-key it serves TLS.
     #[arg(long, env = "COMPUTE_ROUTER_TLS_CERT", value_parser = maybe_path)]
     tls_cert: Option<PathBuf>,
@@ -298,6 +312,23 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+/// The platform API over PlatformRecord objects in `namespace`.
+async fn kube_platform(namespace: &str) -> anyhow::Result<computed::platform::service::Platform> {
+    let client = kube::Client::try_default().await?;
+    tracing::info!(%namespace, "platform records in Kubernetes (PlatformRecord)");
+    Ok(computed::platform::service::Platform::new(
+        computed::platform::kube_store::shared(client, namespace),
+    ))
+}
+
+/// The platform API over the embedded database at `path`.
+async fn embedded_platform(path: PathBuf) -> anyhow::Result<computed::platform::service::Platform> {
+    tracing::info!(path = %path.display(), "platform records in an embedded database");
+    computed::platform::service::Platform::embedded(path.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("platform store {}: {e}", path.display()))
+}
+
 async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> {
     use computed::router::{discovery, service, tls, Router, Settings};
     match &setup.node_tls {
@@ -344,8 +375,19 @@ async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> 
             }
         });
     }
+    let platform = match args.platform_store.as_deref() {
+        Some("kube") => kube_platform(&args.namespace).await?,
+        None if args.nodes.is_empty() => kube_platform(&args.namespace).await?,
+        Some(path) => embedded_platform(PathBuf::from(path)).await?,
+        None => embedded_platform(PathBuf::from("/var/lib/computed-router/platform.redb")).await?,
+    };
     let tasks = router.tasks().clone();
-    service::serve(router, &args.listen, setup.listener_tls, shutdown_signal()).await?;
+    let at = service::Listeners {
+        listen: args.listen.clone(),
+        tls: setup.listener_tls,
+        socket: (!args.socket.as_os_str().is_empty()).then(|| args.socket.clone()),
+    };
+    service::serve(router, at, platform, shutdown_signal()).await?;
     if let Some(t) = watch_task {
         t.abort();
     }

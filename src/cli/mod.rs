@@ -9,6 +9,7 @@ pub mod gc;
 pub mod image;
 pub mod local_image;
 pub mod ls;
+pub mod platform;
 pub mod relay;
 pub mod top;
 pub mod trash;
@@ -71,6 +72,10 @@ pub struct Target {
     /// The PEM private key of `--tls-cert`.
     #[arg(long, global = true, env = "COMPUTE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// A platform API key (`authorization: Bearer`), for the platform verbs on a router or
+    /// a node over TCP; not needed as root on the node's unix socket.
+    #[arg(long, global = true, env = "COMPUTE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
     pub output: Output,

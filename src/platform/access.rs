@@ -4,8 +4,9 @@
 //!
 //! * Roles are per namespace and ordered: VIEWER < OPERATOR < ADMIN. A platform admin holds
 //!   every role in every namespace.
-//! * Root on the node's unix socket is the platform admin `local-root` (bootstrap: the first
-//!   namespace and key are made with `computectl` there); everything else carries a key.
+//! * Root (or the server's own uid) on the node's or router's unix socket is the platform admin
+//!   `local-root` (bootstrap: the first namespace and key are made with `computectl` there);
+//!   everything else carries a key.
 //! * A key that holds no role in a namespace cannot tell its resources from missing ones: the
 //!   caller maps [`Denied::Hidden`] to NOT_FOUND, exactly like an unknown id.
 
@@ -141,6 +142,9 @@ pub enum Denied {
     Hidden,
     /// Only a platform admin may: PERMISSION_DENIED.
     PlatformAdmin,
+    /// A namespaced call that names no namespace (acting across all of them): only a platform
+    /// admin may; PERMISSION_DENIED.
+    NoNamespace,
 }
 
 impl std::fmt::Display for Denied {
@@ -154,6 +158,10 @@ impl std::fmt::Display for Denied {
             ),
             Denied::Hidden => write!(f, "not found"),
             Denied::PlatformAdmin => write!(f, "this call needs a platform admin"),
+            Denied::NoNamespace => write!(
+                f,
+                "name a namespace: across every namespace this call needs a platform admin"
+            ),
         }
     }
 }
@@ -166,6 +174,7 @@ pub fn authorize(principal: &Principal, need: Need, namespace: &str) -> Result<(
         Need::PlatformAdmin if principal.is_platform_admin() => Ok(()),
         Need::PlatformAdmin => Err(Denied::PlatformAdmin),
         Need::Role(_) if principal.is_platform_admin() => Ok(()),
+        Need::Role(_) if namespace.is_empty() => Err(Denied::NoNamespace),
         Need::Role(need) => match principal.role_in(namespace) {
             None => Err(Denied::Hidden),
             Some(has) if has >= need => Ok(()),
@@ -369,11 +378,17 @@ mod tests {
                 Err(Denied::PlatformAdmin)
             );
             assert_eq!(authorize(&p, Need::AnyKey, ""), Ok(()));
+            // Naming no namespace is acting across all of them.
+            assert_eq!(
+                authorize(&p, Need::Role(Role::Viewer), ""),
+                Err(Denied::NoNamespace)
+            );
         }
         // Platform admins (a key or root on the socket) may do everything everywhere.
         for p in [key(true, &[]), Principal::LocalRoot] {
             for need in needs {
                 assert_eq!(authorize(&p, Need::Role(need), "anything"), Ok(()));
+                assert_eq!(authorize(&p, Need::Role(need), ""), Ok(()));
             }
             assert_eq!(authorize(&p, Need::PlatformAdmin, ""), Ok(()));
             assert!(p.sees("team-z"));

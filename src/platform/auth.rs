@@ -43,7 +43,8 @@ pub enum Error {
 pub struct Credentials<'a> {
     /// The `authorization` metadata value, if any.
     pub authorization: Option<&'a str>,
-    /// The call came over the node's unix socket from uid 0.
+    /// The call came over the node's (or router's) unix socket from uid 0 or the server's own
+    /// uid.
     pub local_root: bool,
 }
 

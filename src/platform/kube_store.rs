@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 
 use super::records::AuditEvent;
-use super::store::{Change, Error, Kind, Result, Store};
+use super::store::{AuditQuery, Change, Error, Kind, Result, Store};
 
 /// The CRD's group.
 pub const GROUP: &str = "compute.dev";
@@ -36,6 +36,8 @@ pub const PLURAL: &str = "platformrecords";
 pub const KIND_LABEL: &str = "compute.dev/record-kind";
 
 const AUDIT: &str = "audit";
+/// The label of an audit event's object naming its platform namespace.
+const AUDIT_NAMESPACE_LABEL: &str = "compute.dev/audit-namespace";
 
 /// The `PlatformRecord` resource.
 pub fn resource() -> ApiResource {
@@ -244,7 +246,13 @@ impl Store for Kube {
         for _ in 0..8 {
             event.seq = seq;
             let doc = serde_json::to_vec(&event).map_err(backend)?;
-            let o = Self::object(&format!("{AUDIT}-{seq:020}"), AUDIT, &seq.to_string(), &doc)?;
+            let mut o = Self::object(&format!("{AUDIT}-{seq:020}"), AUDIT, &seq.to_string(), &doc)?;
+            // Labelled with its namespace when that is a valid one (a denied call may name
+            // anything; a query only ever asks for a valid one).
+            let valid = super::records::check_name("namespace", &event.namespace).is_ok();
+            if let (true, Some(l)) = (valid, o.metadata.labels.as_mut()) {
+                l.insert(AUDIT_NAMESPACE_LABEL.into(), event.namespace.clone());
+            }
             match self.api.create(&PostParams::default(), &o).await {
                 Ok(_) => {
                     self.last_seq.fetch_max(seq, Ordering::SeqCst);
@@ -255,6 +263,29 @@ impl Store for Kube {
             }
         }
         Err(Error::Backend("audit: no free sequence number".into()))
+    }
+
+    async fn audit_tail(&self, q: &AuditQuery) -> Result<Vec<AuditEvent>> {
+        let mut selector = format!("{KIND_LABEL}={AUDIT}");
+        if !q.namespace.is_empty() {
+            selector.push_str(&format!(",{AUDIT_NAMESPACE_LABEL}={}", q.namespace));
+        }
+        let lp = ListParams::default().labels(&selector);
+        let mut evs: Vec<AuditEvent> = self
+            .api
+            .list(&lp)
+            .await
+            .map_err(backend)?
+            .items
+            .iter()
+            .filter_map(Self::doc_of)
+            .filter_map(|(_, d)| serde_json::from_slice::<AuditEvent>(&d).ok())
+            .filter(|e| q.matches(e))
+            .collect();
+        evs.sort_by_key(|e| e.seq);
+        let skip = evs.len().saturating_sub(q.limit);
+        evs.drain(..skip);
+        Ok(evs)
     }
 
     async fn audit_since(&self, after_seq: u64, limit: usize) -> Result<Vec<AuditEvent>> {

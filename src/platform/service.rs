@@ -114,8 +114,9 @@ pub struct Platform {
     auth: Authenticator,
 }
 
-/// What a call presents: its `authorization` metadata, and whether it came over the node's
-/// unix socket from uid 0.
+/// What a call presents: its `authorization` metadata, and whether it came over a unix socket
+/// of ours from uid 0 or from the uid this process runs as (the node runs as root; the router
+/// pod as 65532, so `kubectl exec` into it is how a cluster's first key is made).
 fn credentials<T>(req: &Request<T>) -> Credentials<'_> {
     Credentials {
         authorization: req
@@ -126,8 +127,20 @@ fn credentials<T>(req: &Request<T>) -> Credentials<'_> {
             .extensions()
             .get::<tonic::transport::server::UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
-            .is_some_and(|c| c.uid() == 0),
+            .is_some_and(|c| c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw()),
     }
+}
+
+/// The four platform services of one [`Platform`], ready to add to a server.
+pub struct Servers {
+    /// SandboxService.
+    pub sandbox: pb::sandbox_service_server::SandboxServiceServer<Platform>,
+    /// AccessService.
+    pub access: pb::access_service_server::AccessServiceServer<Platform>,
+    /// EnvironmentService.
+    pub environment: pb::environment_service_server::EnvironmentServiceServer<Platform>,
+    /// WorkspaceService.
+    pub workspace: pb::workspace_service_server::WorkspaceServiceServer<Platform>,
 }
 
 /// The method path of a call (tonic does not hand it to the handler).
@@ -148,6 +161,33 @@ impl Platform {
     /// The records.
     pub fn records(&self) -> &Records {
         &self.records
+    }
+
+    /// The services over the embedded store at `path` (its directory is created), opened off
+    /// the async runtime.
+    pub async fn embedded(path: std::path::PathBuf) -> std::result::Result<Self, store::Error> {
+        let store = tokio::task::spawn_blocking(move || {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| store::Error::Backend(format!("{}: {e}", dir.display())))?;
+            }
+            store::Embedded::open(&path)
+        })
+        .await
+        .map_err(|e| store::Error::Backend(e.to_string()))??;
+        Ok(Self::new(Arc::new(store)))
+    }
+
+    /// Its four services.
+    pub fn servers(&self) -> Servers {
+        Servers {
+            sandbox: pb::sandbox_service_server::SandboxServiceServer::new(self.clone()),
+            access: pb::access_service_server::AccessServiceServer::new(self.clone()),
+            environment: pb::environment_service_server::EnvironmentServiceServer::new(
+                self.clone(),
+            ),
+            workspace: pb::workspace_service_server::WorkspaceServiceServer::new(self.clone()),
+        }
     }
 
     /// Checks the call; a refusal is audited and returned as its status.
@@ -803,22 +843,19 @@ impl pb::access_service_server::AccessService for Platform {
             0 => 100,
             n => n.min(1000) as usize,
         };
-        let since = r.since.as_ref().and_then(rfc3339);
-        let all = self
+        let q = store::AuditQuery {
+            namespace: r.namespace.clone(),
+            since: r.since.as_ref().and_then(rfc3339),
+            limit,
+        };
+        let hits = self
             .records
             .store()
-            .audit_since(0, usize::MAX)
+            .audit_tail(&q)
             .await
             .map_err(Error::from)?;
-        let mut hits: Vec<&AuditEvent> = all
-            .iter()
-            .filter(|e| r.namespace.is_empty() || e.namespace == r.namespace)
-            .filter(|e| since.as_ref().is_none_or(|s| e.time.as_str() >= s.as_str()))
-            .collect();
-        let skip = hits.len().saturating_sub(limit);
-        hits.drain(..skip);
         Ok(Response::new(pb::ListAuditEventsResponse {
-            events: hits.into_iter().map(audit_pb).collect(),
+            events: hits.iter().map(audit_pb).collect(),
         }))
     }
 }

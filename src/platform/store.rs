@@ -81,6 +81,36 @@ pub enum Error {
         /// The decoder's message.
         why: String,
     },
+    /// A stored audit event does not decode.
+    #[error("platform store: audit event {seq} does not decode: {why}")]
+    CorruptAudit {
+        /// Its sequence number.
+        seq: u64,
+        /// The decoder's message.
+        why: String,
+    },
+}
+
+/// Which audit events [`Store::audit_tail`] answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    /// Only this platform namespace's events; empty: every event.
+    pub namespace: String,
+    /// Only events at or after this time (RFC 3339, as [`AuditEvent::time`] is written).
+    pub since: Option<String>,
+    /// At most this many: the newest.
+    pub limit: usize,
+}
+
+impl AuditQuery {
+    /// Whether `e` is one of the events asked for (the limit aside).
+    pub fn matches(&self, e: &AuditEvent) -> bool {
+        (self.namespace.is_empty() || e.namespace == self.namespace)
+            && self
+                .since
+                .as_ref()
+                .is_none_or(|s| e.time.as_str() >= s.as_str())
+    }
 }
 
 /// The store's result.
@@ -114,6 +144,10 @@ pub trait Store: Send + Sync + 'static {
     async fn audit(&self, event: AuditEvent) -> Result<u64>;
     /// Audit events after `after_seq`, oldest first, at most `limit`.
     async fn audit_since(&self, after_seq: u64, limit: usize) -> Result<Vec<AuditEvent>>;
+    /// The newest `q.limit` audit events that `q` matches, oldest first, found without
+    /// reading events the query rules out where the backend can (the embedded store reads
+    /// backwards from the newest; the Kubernetes one lists by a namespace label).
+    async fn audit_tail(&self, q: &AuditQuery) -> Result<Vec<AuditEvent>>;
     /// Changes made from now on (through this store or, for shared backends, elsewhere).
     fn watch(&self) -> broadcast::Receiver<Change>;
 }
@@ -222,6 +256,13 @@ impl Records {
             .filter(|b| b.key_id == key_id)
             .collect())
     }
+}
+
+fn audit_of(seq: u64, doc: &[u8]) -> Result<AuditEvent> {
+    serde_json::from_slice(doc).map_err(|e| Error::CorruptAudit {
+        seq,
+        why: e.to_string(),
+    })
 }
 
 /// A single node's store: one redb file.
@@ -387,14 +428,31 @@ impl Store for Embedded {
                     break;
                 }
                 let (k, v) = item.map_err(backend)?;
-                let ev: AuditEvent =
-                    serde_json::from_slice(v.value()).map_err(|e| Error::Corrupt {
-                        kind: Kind::Namespace,
-                        key: format!("audit {}", k.value()),
-                        why: e.to_string(),
-                    })?;
-                out.push(ev);
+                out.push(audit_of(k.value(), v.value())?);
             }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn audit_tail(&self, q: &AuditQuery) -> Result<Vec<AuditEvent>> {
+        use redb::ReadableDatabase;
+        let q = q.clone();
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(backend)?;
+            let t = tx.open_table(AUDIT).map_err(backend)?;
+            let mut out = Vec::new();
+            for item in t.range(0..).map_err(backend)?.rev() {
+                if out.len() >= q.limit {
+                    break;
+                }
+                let (k, v) = item.map_err(backend)?;
+                let ev = audit_of(k.value(), v.value())?;
+                if q.matches(&ev) {
+                    out.push(ev);
+                }
+            }
+            out.reverse();
             Ok(out)
         })
         .await
@@ -520,7 +578,7 @@ mod tests {
                     time: format!("2026-12-02T00:00:0{i}Z"),
                     principal: "k1".into(),
                     method: "/platform.v1.AccessService/CreateNamespace".into(),
-                    namespace: "team-a".into(),
+                    namespace: if i % 2 == 0 { "team-a" } else { "team-b" }.into(),
                     resource: String::new(),
                     outcome: Outcome::Ok,
                     code: String::new(),
@@ -533,6 +591,22 @@ mod tests {
         let evs = store.audit_since(2, 2).await.unwrap();
         assert_eq!(evs.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
         assert_eq!(store.audit_since(5, 10).await.unwrap(), []);
+        // The newest matching events, oldest first: team-a holds 1, 3 and 5.
+        let tail = async |namespace: &str, since: Option<&str>, limit| {
+            let q = AuditQuery {
+                namespace: namespace.into(),
+                since: since.map(String::from),
+                limit,
+            };
+            let evs = store.audit_tail(&q).await.unwrap();
+            evs.iter().map(|e| e.seq).collect::<Vec<_>>()
+        };
+        assert_eq!(tail("team-a", None, 2).await, [3, 5]);
+        assert_eq!(tail("team-a", None, 10).await, [1, 3, 5]);
+        assert_eq!(tail("team-b", None, 10).await, [2, 4]);
+        assert_eq!(tail("", Some("2026-12-02T00:00:03Z"), 10).await, [4, 5]);
+        assert_eq!(tail("team-a", Some("2026-12-02T00:00:03Z"), 10).await, [5]);
+        assert_eq!(tail("team-c", None, 10).await, Vec::<u64>::new());
     }
 
     #[tokio::test]

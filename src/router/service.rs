@@ -116,17 +116,35 @@ forward! {
     }
 }
 
-/// Serves the router on `listen` until `shutdown` resolves: ComputeService, the sandbox.v1
-/// relay, health (SERVING while at least one node is ready) and reflection; with `tls` (from
-/// [`super::tls::listener`]), over TLS and, if it names a client CA, only to callers with a
-/// certificate from it.
+/// Where and how the router serves.
+pub struct Listeners {
+    /// TCP address (e.g. `0.0.0.0:50051`).
+    pub listen: String,
+    /// The TCP listener's TLS (from [`super::tls::listener`]): over TLS and, if it names a
+    /// client CA, only to callers with a certificate from it.
+    pub tls: Option<ServerTlsConfig>,
+    /// A unix socket (0660) serving the same; uid 0 on it is the platform API's admin
+    /// (`local-root`), which is how the first namespace and key of a cluster are made
+    /// (`kubectl exec` into a router pod, then `computectl --socket`). `None`: no socket.
+    pub socket: Option<std::path::PathBuf>,
+}
+
+/// Serves the router until `shutdown` resolves: ComputeService, the sandbox.v1 relay, the
+/// platform API over `platform`'s records, health (the server and ComputeService SERVING while
+/// at least one node is ready; the platform's services, served from their store, SERVING) and
+/// reflection, on TCP and on the unix socket of `at`.
 pub async fn serve(
     r: Router,
-    listen: &str,
-    tls: Option<ServerTlsConfig>,
+    at: Listeners,
+    platform: crate::platform::service::Platform,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::server::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
+    for name in crate::platform::service::SERVICES {
+        reporter
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
     {
         let r2 = r.clone();
         r.tasks().spawn(async move {
@@ -152,41 +170,79 @@ pub async fn serve(
             }
         });
     }
-    let (v1, v1alpha) = crate::server::reflection(false)?;
+    let (v1, v1alpha) = crate::server::reflection()?;
     let relay = RelayForwarder::new(r.clone());
     let svc = ComputeServiceServer::new(Forwarder::new(r))
         .max_decoding_message_size(crate::server::MAX_MESSAGE)
         .max_encoding_message_size(crate::server::MAX_MESSAGE);
-    let tls_on = tls.is_some();
-    let mut server = match tls {
+    let worker =
+        crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone())
+            .max_decoding_message_size(crate::server::MAX_MESSAGE)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE);
+    let exec = crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay)
+        .max_decoding_message_size(crate::server::MAX_MESSAGE)
+        .max_encoding_message_size(crate::server::MAX_MESSAGE);
+    let p = platform.servers();
+    let routes = |mut server: Server| {
+        server
+            .add_service(health.clone())
+            .add_service(v1.clone())
+            .add_service(v1alpha.clone())
+            .add_service(worker.clone())
+            .add_service(exec.clone())
+            .add_service(svc.clone())
+            .add_service(p.sandbox.clone())
+            .add_service(p.access.clone())
+            .add_service(p.environment.clone())
+            .add_service(p.workspace.clone())
+    };
+    let tls_on = at.tls.is_some();
+    let tcp = match at.tls {
         Some(tls) => Server::builder()
             .tls_config(tls)
             .map_err(|e| crate::server::Error::Tls(e.to_string()))?,
         None => Server::builder(),
     };
-    let l = tokio::net::TcpListener::bind(listen)
+    let l = tokio::net::TcpListener::bind(&at.listen)
         .await
         .map_err(|source| crate::server::Error::Bind {
-            addr: listen.to_string(),
+            addr: at.listen.clone(),
             source,
         })?;
-    info!(addr = %listen, tls = tls_on, "router serving ComputeService");
-    server
-        .add_service(health)
-        .add_service(v1)
-        .add_service(v1alpha)
-        .add_service(
-            crate::api::sandbox::v1::sandbox_worker_server::SandboxWorkerServer::new(relay.clone())
-                .max_decoding_message_size(crate::server::MAX_MESSAGE)
-                .max_encoding_message_size(crate::server::MAX_MESSAGE),
-        )
-        .add_service(
-            crate::api::sandbox::v1::sandbox_exec_server::SandboxExecServer::new(relay)
-                .max_decoding_message_size(crate::server::MAX_MESSAGE)
-                .max_encoding_message_size(crate::server::MAX_MESSAGE),
-        )
-        .add_service(svc)
-        .serve_with_incoming_shutdown(crate::server::tcp_incoming(l), shutdown)
-        .await?;
+    info!(addr = %at.listen, tls = tls_on, "router serving ComputeService and the platform API");
+    let unix = match &at.socket {
+        Some(path) => {
+            let u = crate::server::bind_unix(path, "")?;
+            info!(path = %path.display(), "router serving on unix socket (uid 0 is platform admin)");
+            Some(u)
+        }
+        None => None,
+    };
+    // One shutdown for both listeners: each finishes the calls under way.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let tcp = routes(tcp)
+        .serve_with_incoming_shutdown(crate::server::tcp_incoming(l), stopped(stop_rx.clone()));
+    let socket = async {
+        match unix {
+            Some(u) => {
+                routes(Server::builder())
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::UnixListenerStream::new(u),
+                        stopped(stop_rx.clone()),
+                    )
+                    .await
+            }
+            None => Ok(()),
+        }
+    };
+    let signal = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        Ok::<(), tonic::transport::Error>(())
+    };
+    tokio::try_join!(tcp, socket, signal)?;
     Ok(())
 }

@@ -23,11 +23,20 @@ pub const ROUTER_ENV: &[&str] = &[
     "COMPUTE_ROUTER_TLS_CERT",
     "COMPUTE_ROUTER_TLS_KEY",
     "COMPUTE_ROUTER_TLS_CLIENT_CA",
+    "COMPUTE_ROUTER_PLATFORM_STORE",
+    "COMPUTE_ROUTER_SOCKET",
 ];
 
-/// `router --listen LISTEN --nodes NODES --metrics-listen ""`: the arguments of every router
-/// the tests start (no metrics listener).
-pub fn router_args<'a>(listen: &'a str, nodes: &'a str) -> [&'a str; 7] {
+/// `router --listen LISTEN --nodes NODES --metrics-listen "" --platform-store DB --socket SOCK`:
+/// the arguments of every router the tests start (no metrics listener; its platform records
+/// and unix socket in a directory of its own, named after its listen address, so that
+/// routers side by side never share the database file or the socket).
+pub fn router_args(listen: &str, nodes: &str) -> Vec<String> {
+    let dir = std::env::temp_dir().join(format!(
+        "computed-test-router-{}",
+        listen.replace([':', '.', '/'], "_")
+    ));
+    let _ = std::fs::create_dir_all(&dir);
     [
         "router",
         "--listen",
@@ -36,7 +45,23 @@ pub fn router_args<'a>(listen: &'a str, nodes: &'a str) -> [&'a str; 7] {
         nodes,
         "--metrics-listen",
         "",
+        "--platform-store",
+        &dir.join("platform.redb").display().to_string(),
+        "--socket",
+        &dir.join("router.sock").display().to_string(),
     ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The platform socket of the router listening on `listen` (see [`router_args`]).
+pub fn router_socket(listen: &str) -> PathBuf {
+    std::env::temp_dir()
+        .join(format!(
+            "computed-test-router-{}",
+            listen.replace([':', '.', '/'], "_")
+        ))
+        .join("router.sock")
 }
 
 /// The value of `--flag V` or `--flag=V` in `args`.
@@ -166,6 +191,11 @@ impl RouterProc {
     /// A plaintext ComputeService client.
     pub async fn client(&self) -> ComputeServiceClient<Channel> {
         ComputeServiceClient::new(channel(&self.addr).await)
+    }
+
+    /// Its unix socket (where this test process, root, is the platform admin).
+    pub fn socket(&self) -> PathBuf {
+        router_socket(&self.addr)
     }
 
     /// Waits until the router has polled every node once.
