@@ -25,6 +25,11 @@
 //!   NotReady, a node going away (its pod Terminating, then gone), a pod replaced by a rollout.
 //! * router: the real `computed router` binary with that token as its kubeconfig finds a pod
 //!   whose IP is a fake node daemon here, and its `/readyz` (the manifests' probe) follows it.
+//! * platform store: two stores with that token over the same PlatformRecords (records, the
+//!   watch, the authenticator's cache, one audit sequence); then two real router processes
+//!   (`--platform-store kube`) in front of two real node daemons: the first namespace and keys
+//!   made as root on one router's socket with `computectl`, an environment made through the
+//!   other, every key and revocation honoured by both without a restart, one audit log.
 //!
 //! What a bare control plane cannot show (watch streams cut and resumed at a given
 //! resourceVersion, a re-list that drops objects) stays in `tests/discovery.rs` (mock API).
@@ -40,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::router::{assert_router_args_accepted, flag};
+use common::router::{assert_router_args_accepted, flag, router_args, router_command};
 use common::{free_port, Killed};
 use computed::api::node::v1 as nodepb;
 use computed::router::discovery::watch_pods;
@@ -396,6 +401,13 @@ fn kubernetes_for_real() {
         &mut || {
             apply_platform_crd(&cluster);
             rt.block_on(platform_store(&router_kubeconfig))
+        },
+    );
+    run(
+        "platform API: two router processes in front of two nodes share keys and environments",
+        &mut || {
+            apply_platform_crd(&cluster);
+            rt.block_on(platform_routers(&cluster, &router_kubeconfig))
         },
     );
     run("router binary: discovery and /readyz", &mut || {
@@ -1625,4 +1637,253 @@ async fn platform_store(router_kubeconfig: &Path) {
     assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
     assert_eq!(a_store.audit_since(got[0], 1).await.unwrap()[0].seq, got[1]);
     assert!(seqs.iter().all(|s| got.contains(s)));
+}
+
+/// A `computed router` process with the router's token and `--platform-store kube`.
+struct PlatformRouter {
+    _child: Killed,
+    addr: String,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+fn platform_router(c: &Cluster, kubeconfig: &Path, nodes: &str, name: &str) -> PlatformRouter {
+    let addr = common::free_addr();
+    let mut args = router_args(&addr, nodes);
+    let i = args.iter().position(|a| a == "--platform-store").unwrap();
+    args[i + 1] = "kube".into();
+    let socket = PathBuf::from(&args[args.iter().position(|a| a == "--socket").unwrap() + 1]);
+    args.extend(["--namespace".to_string(), NS.to_string()]);
+    let log = c.path(&format!("platform-router-{name}.log"));
+    let mut child = router_command()
+        .args(&args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("COMPUTE_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    common::wait_listening(&addr, Duration::from_secs(20), "platform router", || {
+        let st = child.try_wait().ok()??;
+        Some(format!("router exited with {st}:\n{}", tail(&log, 30)))
+    });
+    PlatformRouter {
+        _child: Killed(child),
+        addr,
+        socket,
+        log,
+    }
+}
+
+impl PlatformRouter {
+    /// `computectl` as root on this router's socket.
+    fn root(&self, args: &[&str]) -> String {
+        let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env_remove("COMPUTE_API_KEY")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "computectl {args:?}: {}\nrouter log:\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            tail(&self.log, 30)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// `computectl --addr ROUTER` with `key`; (success, stdout, stderr).
+    fn with_key(&self, key: &str, args: &[&str]) -> (bool, String, String) {
+        let o = Command::new(env!("CARGO_BIN_EXE_computectl"))
+            .args(["--addr", &self.addr])
+            .args(args)
+            .env("COMPUTE_API_KEY", key)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+}
+
+/// Polls the blocking `f` until it is true (15 s).
+async fn eventually_sync(what: &str, f: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{what}: not within 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn platform_routers(c: &Cluster, router_kubeconfig: &Path) {
+    use computed::api::compute::v1 as cpb;
+    use computed::api::platform::v1 as ppb;
+    if !common::prerequisites() {
+        return; // (under CI, a failure)
+    }
+    let nodes = [common::start("kr-pa", ""), common::start("kr-pb", "")];
+    let list = format!("{},{}", nodes[0].addr, nodes[1].addr);
+    let a = platform_router(c, router_kubeconfig, &list, "a");
+    let b = platform_router(c, router_kubeconfig, &list, "b");
+
+    // Bootstrap as root on A's socket: a namespace and three keys.
+    assert!(a
+        .root(&["whoami"])
+        .starts_with("local-root (platform admin)"));
+    a.root(&["ns", "create", "team-r"]);
+    let key = |name: &str, role: &str| {
+        let out = a.root(&[
+            "key", "create", name, "-n", "team-r", "--role", role, "-o", "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (
+            v["key_id"].as_str().unwrap().to_string(),
+            v["secret"].as_str().unwrap().to_string(),
+        )
+    };
+    let (_, admin) = key("r-admin", "admin");
+    let (_, operator) = key("r-operator", "operator");
+    let (viewer_id, viewer) = key("r-viewer", "viewer");
+
+    // B honours A's keys, with their roles, without a restart.
+    eventually_sync("B accepts the admin key A made", || {
+        b.with_key(&admin, &["whoami"]).0
+    })
+    .await;
+    let (ok, out, err) = b.with_key(
+        &admin,
+        &[
+            "env",
+            "create",
+            "team-r",
+            "py",
+            "--image",
+            common::IMAGE,
+            "--memory",
+            "256Mi",
+        ],
+    );
+    assert!(ok, "admin through B: {err}");
+    assert!(out.contains("py"), "{out}");
+    // A serves the environment B made, to the viewer.
+    let (ok, out, err) = a.with_key(&viewer, &["env", "get", "team-r", "py", "-o", "json"]);
+    assert!(ok, "viewer through A: {err}");
+    let env: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(env["resources"]["memory_bytes"], 256u64 << 20);
+    // Roles on both: the operator may not make environments; nobody without a key may list.
+    for r in [&a, &b] {
+        let (ok, _, err) = r.with_key(
+            &operator,
+            &["env", "create", "team-r", "nope", "--image", common::IMAGE],
+        );
+        assert!(!ok && err.contains("PermissionDenied"), "{err}");
+        let (ok, _, err) = r.with_key("", &["env", "ls", "team-r"]);
+        assert!(!ok && err.contains("Unauthenticated"), "{err}");
+        let (ok, out, err) = r.with_key(&operator, &["env", "ls", "team-r"]);
+        assert!(ok && out.contains("py"), "{err}");
+        // A namespace the key has no role in looks missing.
+        let (ok, _, err) = r.with_key(&operator, &["env", "ls", "team-a"]);
+        assert!(!ok && err.contains("NotFound"), "{err}");
+    }
+    // Sandboxes: the operator passes the gate (the capability is issue 17's); the viewer not.
+    let mut sb =
+        ppb::sandbox_service_client::SandboxServiceClient::new(common::channel(&b.addr).await);
+    let create = |t: &str| {
+        let mut r = tonic::Request::new(ppb::CreateSandboxRequest {
+            namespace: "team-r".into(),
+            environment: "py".into(),
+            ..Default::default()
+        });
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        r
+    };
+    let e = sb.create_sandbox(create(&operator)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let e = sb.create_sandbox(create(&viewer)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    // compute.v1 through both routers reaches the nodes, unchanged.
+    let mut c1 =
+        cpb::compute_service_client::ComputeServiceClient::new(common::channel(&a.addr).await);
+    let mut c2 =
+        cpb::compute_service_client::ComputeServiceClient::new(common::channel(&b.addr).await);
+    let id = c1
+        .create_sandbox(common::create_req("t", "kube-real-platform"))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    let o = common::exec(&mut c2, common::exec_req(&id, "echo", &["both routers"]))
+        .await
+        .unwrap();
+    assert_eq!(o.out(), "both routers\n");
+    common::destroy(&mut c2, &id).await;
+
+    // Revoked through A: B refuses the viewer key without a restart.
+    a.root(&["key", "revoke", &viewer_id]);
+    eventually_sync("B refuses the key A revoked", || {
+        let (ok, _, err) = b.with_key(&viewer, &["whoami"]);
+        !ok && err.contains("Unauthenticated")
+    })
+    .await;
+    // One audit log: B's namespace admin reads A's and B's writes and denials in team-r.
+    let (ok, out, err) = b.with_key(
+        &admin,
+        &["audit", "-n", "team-r", "-o", "json", "--limit", "1000"],
+    );
+    assert!(ok, "{err}");
+    let evs: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let has = |m: &str, outcome: &str, who: &str| {
+        evs.iter().any(|e| {
+            e["method"].as_str().unwrap().ends_with(m)
+                && e["outcome"] == outcome
+                && (who.is_empty() || e["principal"] == who)
+        })
+    };
+    assert!(has("CreateNamespace", "ok", "local-root"), "{out}");
+    assert!(has("CreateEnvironment", "ok", ""), "{out}");
+    assert!(has("CreateEnvironment", "denied", ""), "{out}");
+    assert!(has("CreateSandbox", "denied", &viewer_id), "{out}");
+    assert!(evs.iter().all(|e| e["namespace"] == "team-r"), "{out}");
+    // Root on B's socket reads the whole log, with A's revocation (a key names no namespace).
+    let all = b.root(&["audit", "-o", "json", "--limit", "1000"]);
+    assert!(
+        all.lines().any(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).unwrap();
+            e["method"].as_str().unwrap().ends_with("RevokeApiKey")
+                && e["resource"] == viewer_id.as_str()
+                && e["outcome"] == "ok"
+        }),
+        "{all}"
+    );
+    // No secret in either router's log or the nodes'.
+    let logs = [
+        std::fs::read_to_string(&a.log).unwrap(),
+        std::fs::read_to_string(&b.log).unwrap(),
+        nodes[0].log_text(),
+        nodes[1].log_text(),
+        out,
+    ];
+    for s in [&admin, &operator, &viewer] {
+        let secret = &s[s.len() - 64..];
+        assert!(logs.iter().all(|l| !l.contains(secret)), "a key in a log");
+    }
+    for l in &logs[..2] {
+        assert!(
+            !l.to_lowercase().contains("forbidden") && !l.contains("code: 403"),
+            "the router's RBAC fell short for the platform store:\n{l}"
+        );
+    }
 }

@@ -806,8 +806,25 @@ fn router_runs_unprivileged() {
     );
     assert_ne!(spec.host_pid, Some(true));
     assert_ne!(spec.host_network, Some(true));
-    assert!(spec.volumes.is_none(), "the router mounts nothing");
+    // It mounts one thing: a small in-memory directory for its unix socket (the platform
+    // API's bootstrap), where --socket points.
+    let vols = spec.volumes.as_deref().unwrap_or_default();
+    assert_eq!(vols.len(), 1, "{vols:?}");
+    let ed = vols[0].empty_dir.as_ref().expect("an emptyDir");
+    assert_eq!(ed.medium.as_deref(), Some("Memory"));
+    assert!(vols[0].host_path.is_none() && vols[0].secret.is_none());
     let c = container(spec, "router");
+    let mounts = c.volume_mounts.as_deref().unwrap_or_default();
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].name, vols[0].name);
+    let args = c.args.clone().unwrap_or_default();
+    let socket = flag(&args, "--socket").expect("--socket");
+    assert!(
+        Path::new(socket).starts_with(&mounts[0].mount_path),
+        "{socket} is not in {}",
+        mounts[0].mount_path
+    );
+    assert_eq!(flag(&args, "--platform-store"), Some("kube"));
     let sc = c.security_context.as_ref().unwrap();
     assert_ne!(sc.privileged, Some(true));
     assert_eq!(sc.allow_privilege_escalation, Some(false));
