@@ -66,11 +66,12 @@ struct Args {
     storage_class: String,
     /// Scenario groups to run: cold (create_to_first_output_*, destroy), ready (exec_rtt_true,
     /// write_read_16mib), workloads (what agents run: a Python tool call, a shell pipeline,
-    /// the data stack's import, a burst of 50 execs), throughput, density.
+    /// the data stack's import, a burst of 50 execs), platform (the API key gate's added cost),
+    /// throughput, density.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cold,ready,workloads,throughput,density"
+        default_value = "cold,ready,workloads,platform,throughput,density"
     )]
     only: Vec<String>,
     /// Override: rounds of the workloads per side.
@@ -143,12 +144,22 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The scenario groups of `--only`.
+const GROUPS: [&str; 6] = [
+    "cold",
+    "ready",
+    "workloads",
+    "platform",
+    "throughput",
+    "density",
+];
+
 async fn bench(args: Args) -> Result<u8> {
     if !nix::unistd::Uid::effective().is_root() {
         bail!("must run as root (sandboxes need root)");
     }
     for g in &args.only {
-        if !["cold", "ready", "workloads", "throughput", "density"].contains(&g.as_str()) {
+        if !GROUPS.contains(&g.as_str()) {
             bail!("unknown scenario group {g:?}");
         }
     }
@@ -457,6 +468,40 @@ async fn run(
                     " (default class: ext4-loop)".to_string()
                 } else {
                     format!(" (class {})", args.storage_class)
+                }
+            )],
+        });
+    }
+
+    if args.runs("platform") {
+        eprintln!("compute-bench: platform API gate (authorised vs open calls, in turns)");
+        let rounds = plan.execs * 10;
+        let r = match &o_err {
+            Some(e) => Err(anyhow::anyhow!("did not start: {e}")),
+            None => ours.auth_overhead(rounds).await,
+        };
+        let added = r.as_ref().ok().and_then(|(a, o)| {
+            let a = Dist::of(a, Better::Lower)?;
+            let o = Dist::of(o, Better::Lower)?;
+            Some(a.p50 - o.p50)
+        });
+        let mut ours_side = side_of(&r, |(a, _)| Side::measured(Dist::of(a, Better::Lower)));
+        if let Some(d) = added {
+            ours_side = ours_side.with("added_p50_ms", (d * 1000.0).round() / 1000.0);
+        }
+        push(Scenario {
+            name: "platform_authorised_call",
+            unit: "ms",
+            better: Better::Lower,
+            ours: ours_side,
+            baseline: side_of(&r, |(_, o)| Side::measured(Dist::of(o, Better::Lower))),
+            notes: vec![format!(
+                "one daemon, one TCP connection, {rounds} pairs in turns; ours: \
+                 platform.v1 WhoAmI with an API key (header, SHA-256, key cache, roles); \
+                 baseline: grpc.health Check, no key; target: added p50 <= 0.2 ms{}",
+                match added {
+                    Some(d) => format!(" (measured {d:.3} ms)"),
+                    None => String::new(),
                 }
             )],
         });

@@ -85,6 +85,55 @@ impl Ours {
         })
     }
 
+    /// The added cost of the platform API's gate: `rounds` pairs, taken in turns on one TCP
+    /// connection, of `platform.v1.AccessService/WhoAmI` with an API key (made as root on the
+    /// daemon's unix socket: the gate parses the header, hashes the key, finds it and its roles)
+    /// and of `grpc.health.v1.Health/Check` (an open call on the same server). Returns
+    /// (authorised ms, open ms).
+    pub async fn auth_overhead(&self, rounds: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+        use computed::api::platform::v1 as ppb;
+        let root = computed::client::unix_channel(&self.dir.join("compute.sock")).await?;
+        let made = ppb::access_service_client::AccessServiceClient::new(root)
+            .create_api_key(ppb::CreateApiKeyRequest {
+                name: "bench".into(),
+                platform_admin: true,
+                ..Default::default()
+            })
+            .await
+            .context("CreateApiKey as root on the socket")?
+            .into_inner();
+        let header: tonic::metadata::MetadataValue<_> =
+            format!("Bearer {}", made.secret).parse()?;
+        let ch = Channel::from_shared(format!("http://{}", self.addr))?
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        let mut access = ppb::access_service_client::AccessServiceClient::new(ch.clone());
+        let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+        let (mut authed, mut open) = (Vec::new(), Vec::new());
+        // 50 warm-up pairs (connection, caches), then the measured ones.
+        for i in 0..rounds + 50 {
+            let mut req = tonic::Request::new(ppb::WhoAmIRequest {});
+            req.metadata_mut().insert("authorization", header.clone());
+            let t = Instant::now();
+            let who = access.who_am_i(req).await?.into_inner();
+            let a = t.elapsed();
+            if !who.platform_admin {
+                bail!("WhoAmI: the bench key is not a platform admin");
+            }
+            let t = Instant::now();
+            health
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await?;
+            let o = t.elapsed();
+            if i >= 50 {
+                authed.push(a.as_secs_f64() * 1e3);
+                open.push(o.as_secs_f64() * 1e3);
+            }
+        }
+        Ok((authed, open))
+    }
+
     /// The daemon's log file.
     pub fn log(&self) -> &Path {
         &self.log
