@@ -668,6 +668,28 @@ async fn the_router_in_front_of_two_nodes_serves_the_same_table() {
             .into_inner();
         assert_eq!(st.status, 1, "{svc} is not SERVING on the router");
     }
+    // grpcurl works against it: reflection lists the platform, a key authenticates.
+    if which("grpcurl").is_some() || skip("grpcurl is not on PATH (scripts/install-deps)") {
+        let g = |args: &[&str]| {
+            let o = std::process::Command::new("grpcurl")
+                .arg("-plaintext")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "grpcurl {args:?}: {o:?}");
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let list = g(&[&r.addr, "list"]);
+        for svc in computed::platform::service::SERVICES {
+            assert!(list.contains(svc), "{list}");
+        }
+        let header = format!("authorization: Bearer {}", t.operator);
+        let who = g(&["-H", &header, &r.addr, "platform.v1.AccessService/WhoAmI"]);
+        assert!(
+            who.contains("ROLE_OPERATOR") && who.contains("team-a"),
+            "{who}"
+        );
+    }
     // compute.v1 still goes to the nodes, with no key.
     let mut c = r.client().await;
     let id = create(&mut c, create_req("t", "platform-router"))
