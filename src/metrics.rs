@@ -163,7 +163,7 @@ impl Metrics {
             execs: "execs", "Execs by outcome";
             exec_seconds: "exec_duration_seconds", "Exec wall time";
             containerd_errors: "containerd_errors", "containerd call errors by operation";
-            pool_sandboxes: "pool_sandboxes", "READY unclaimed warm-pool sandboxes by image";
+            pool_sandboxes: "pool_sandboxes", "Warm (READY, agent attached) unclaimed pool sandboxes by image";
             pool_claims: "pool_claims", "Creates served from the warm pool (hit) or cold (miss)";
             serving: "serving", "1 while the gRPC health is SERVING (node: containerd answers; \
                 router: a node is ready)";
@@ -208,7 +208,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the number of READY members of an image's pool.
+    /// Sets the number of warm members of an image's pool.
     pub fn pool_size(&self, image: &str, n: i64) {
         self.pool_sandboxes
             .get_or_create(&ImageLabels {

@@ -221,6 +221,26 @@ fn image_without_libc(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_cold_sandboxs_first_exec_waits_for_its_agent_rather_than_containerd() {
+    need!();
+    let (d, mut c) = start_client("agent-first", "agent = true").await;
+    // The exec right after CreateSandbox (STARTING): it waits for READY, then for the agent's
+    // Hello (which comes a few tens of ms after READY), and runs there.
+    for i in 0..3 {
+        let id = create(&mut c, create_req("t", &format!("first-{i}")))
+            .await
+            .sandbox_id;
+        let o = exec(&mut c, exec_req(&id, "echo", &["hi"])).await.unwrap();
+        assert_eq!(o.out(), "hi\n");
+        destroy(&mut c, &id).await;
+    }
+    let log = d.log_text();
+    assert_eq!(log.matches("exec completed (agent)").count(), 3, "{log}");
+    assert!(!log.contains("exec completed (containerd)"), "{log}");
+    assert!(!log.contains("did not come in time"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_static_agent_serves_an_image_without_libc() {
     need!();
     // The agent the harness installs is statically linked (no program interpreter).

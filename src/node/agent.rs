@@ -15,6 +15,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{info, warn};
@@ -22,6 +23,10 @@ use tracing::{info, warn};
 use super::{blocking, Error, Node, Result, Sandbox};
 use crate::api::sandbox::v1 as pb;
 use crate::relay::frame;
+
+/// How long after a sandbox's start its agent's Hello may take before execs stop waiting for
+/// it (and go through containerd).
+const AGENT_HELLO_WAIT: Duration = Duration::from_secs(3);
 
 impl Node {
     fn agent_dir(&self, id: &str) -> PathBuf {
@@ -75,7 +80,38 @@ impl Node {
             if let Err(e) = node.agent_link(&sb, reattach).await {
                 warn!(sandbox_id = %sb.id, error = %e, "agent link ended");
             }
+            node.due_map().remove(&sb.id);
         });
+    }
+
+    /// Marks the agent of a sandbox about to be READY as due (before READY is published, so
+    /// that the first exec sees it).
+    pub(super) fn expect_agent(&self, id: &str) {
+        self.due_map()
+            .insert(id.to_string(), Instant::now() + AGENT_HELLO_WAIT);
+    }
+
+    fn due_map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
+        self.inner
+            .agent_due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for the agent of a sandbox that has just started, while its Hello is due (a
+    /// cold create's first exec comes right after READY, ~20-40 ms before the agent's Hello:
+    /// waiting beats a containerd exec by as much again). Returns at once when the agent is
+    /// attached, or when none is expected.
+    pub(super) async fn await_agent(&self, id: &str) {
+        if self.relay().agent(id).is_some() {
+            return;
+        }
+        let due = self.due_map().get(id).copied();
+        if let Some(until) = due {
+            if self.relay().wait_agent(id, until).await.is_none() {
+                warn!(sandbox_id = %id, "the agent's Hello did not come in time: containerd exec");
+            }
+        }
     }
 
     async fn agent_link(&self, sb: &Arc<Sandbox>, reattach: bool) -> std::io::Result<()> {
@@ -136,6 +172,7 @@ impl Node {
                                         h.labels = agent_hello.labels;
                                     }
                                     worker = Some(a(h));
+                                    self.due_map().remove(&sb.id);
                                     info!(sandbox_id = %sb.id, "agent attached");
                                 }
                             }

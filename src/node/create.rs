@@ -183,7 +183,8 @@ impl Node {
         // The record goes to containerd before we answer, so a restart right after still knows
         // the sandbox. Holding `ops` keeps a racing Destroy out until it is recorded.
         let guard = sb.ops.lock().await;
-        if let Err(e) = self.record(&sb).await {
+        let took = self.record(&sb).await;
+        if let Err(e) = took {
             let paths = self.paths(&sb.id);
             let _ = blocking(move || volume::delete(&paths)).await;
             let mut t = self.table();
@@ -191,11 +192,13 @@ impl Node {
             t.end_session(&sb);
             return Err(e);
         }
+        let [volume, record] = took.unwrap_or_default();
         drop(guard);
         // Usage starts now: not what mkfs and mount wrote to the volume.
         let meter = sb.meter.clone();
         let _ = blocking(move || meter.rebase_disk()).await;
-        info!(sandbox_id = %sb.id, image = %sb.image, "sandbox created");
+        info!(sandbox_id = %sb.id, image = %sb.image, volume_ms = volume.as_secs_f64() * 1e3,
+              record_ms = record.as_secs_f64() * 1e3, "sandbox created");
         self.spawn_provision(sb.clone());
         self.spawn_deadline(sb.clone());
         Ok(sb)

@@ -61,11 +61,8 @@ impl super::Node {
             node_name,
             live_sandboxes: live.len() as u32,
             known_sandboxes: all.len() as u32,
-            // Members waiting to be claimed (booting ones are not waiting yet).
-            pool_sandboxes: live
-                .iter()
-                .filter(|s| s.pool && s.status().can_exec())
-                .count() as u32,
+            // Members waiting to be claimed, warm (booting ones are not waiting yet).
+            pool_sandboxes: live.iter().filter(|s| self.is_warm(s)).count() as u32,
             free_memory_bytes: mem_available().saturating_sub(promised_mem),
             free_cpu_millis: cpu_total.saturating_sub(promised_cpu),
             draining: cfg.draining,

@@ -8,7 +8,7 @@
 //! at once.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
 use tracing::{info, instrument, warn};
@@ -30,16 +30,19 @@ impl Node {
 
     /// Makes the sandbox's workspace volume and its record in the runtime (with a placeholder
     /// spec; provisioning writes the real one once the image is resolved).
-    pub(super) async fn record(&self, sb: &Sandbox) -> Result<()> {
+    /// Returns how long the volume and the record took.
+    pub(super) async fn record(&self, sb: &Sandbox) -> Result<[Duration; 2]> {
         let paths = self.paths(&sb.id);
         let backend = self.backend(sb);
         let size = sb.workspace.size.bytes();
+        let t0 = Instant::now();
         self.check_free_disk().await?;
         self.check_loop_devices(backend).await?;
         let p2 = paths.clone();
         blocking(move || volume::create(&p2, backend, size))
             .await?
             .map_err(|e| capacity::volume_error(&sb.id, e))?;
+        let volume = t0.elapsed();
         self.inner
             .rt
             .record(SandboxLaunch {
@@ -49,7 +52,7 @@ impl Node {
                 image: &sb.image,
             })
             .await?;
-        Ok(())
+        Ok([volume, t0.elapsed() - volume])
     }
 
     fn spec_for(&self, sb: &Sandbox, image_env: &[String]) -> Vec<u8> {
@@ -117,7 +120,9 @@ impl Node {
         let node = self.clone();
         self.inner.tasks.spawn_until(sb.cancel.clone(), async move {
             // The image first, without the lock: a pull may take minutes.
+            let t0 = Instant::now();
             let image = node.inner.rt.resolve_image(&sb.image).await;
+            let image_ms = t0.elapsed().as_secs_f64() * 1e3;
             let _guard = sb.ops.lock().await;
             if sb.status() != Status::Starting {
                 return;
@@ -127,9 +132,14 @@ impl Node {
                 Err(e) => Err(e.into()),
             };
             match started {
-                Ok(()) => {
+                Ok([spec, io, start]) => {
+                    if node.agent_enabled() {
+                        node.expect_agent(&sb.id);
+                    }
                     sb.set_status(Status::Ready, "");
-                    info!(sandbox_id = %sb.id, "sandbox ready");
+                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                    info!(sandbox_id = %sb.id, image_ms, spec_ms = ms(spec), io_ms = ms(io),
+                          start_ms = ms(start), "sandbox ready");
                     node.spawn_exit_watch(sb.clone());
                     if node.agent_enabled() {
                         node.spawn_agent_link(sb.clone(), false);
@@ -144,20 +154,28 @@ impl Node {
         });
     }
 
-    async fn provision(&self, sb: &Sandbox, image: &crate::runtime::ResolvedImage) -> Result<()> {
+    /// Returns how long the spec, the agent's I/O and the start took.
+    async fn provision(
+        &self,
+        sb: &Sandbox,
+        image: &crate::runtime::ResolvedImage,
+    ) -> Result<[Duration; 3]> {
         let rt = &self.inner.rt;
+        let t0 = Instant::now();
         // Put the image's environment into the container's spec, in place: deleting and
         // re-creating the container would lose the record to a crash in between.
         rt.set_spec(&sb.id, self.spec_for(sb, &image.env)).await?;
+        let spec = t0.elapsed();
         let (stdin, stdout, stderr) = if self.agent_enabled() {
             let (i, o) = self.prepare_agent_io(&sb.id).await?;
             (i, o, self.agent_stderr(&sb.id))
         } else {
             (String::new(), String::new(), String::new())
         };
+        let io = t0.elapsed() - spec;
         rt.start(&sb.id, &image.chain_id, [&stdin, &stdout, &stderr])
             .await?;
-        Ok(())
+        Ok([spec, io, t0.elapsed() - spec - io])
     }
 
     /// Marks a sandbox FAILED (in memory and in its record) and stops its task.

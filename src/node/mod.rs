@@ -93,6 +93,11 @@ struct Inner {
     tasks: Tasks,
     /// Running execs per sandbox (`max_execs_per_sandbox`).
     exec_slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// Sandboxes just started with the agent as init whose Hello has not come yet: by when it
+    /// is due (an exec in that window waits for it rather than paying for a containerd exec).
+    agent_due: Mutex<HashMap<String, std::time::Instant>>,
+    /// Pool members being warmed up (not warm yet).
+    warming: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The node: sandboxes on this machine. Cheap to clone.
@@ -162,6 +167,8 @@ impl Node {
                     pool_wake: tokio::sync::Notify::new(),
                     tasks,
                     exec_slots: Mutex::default(),
+                    agent_due: Mutex::default(),
+                    warming: Mutex::default(),
                 }
             }),
         }

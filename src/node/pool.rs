@@ -55,6 +55,20 @@ impl Node {
         !self.inner.cfg.pool.is_empty()
     }
 
+    /// Whether a pool member is warm: READY and, when sandboxes run the agent, its agent
+    /// attached and its warm-up exec done (a member READY a moment ago is still starting its
+    /// agent: the first exec would wait for it, and compete with it for the CPU).
+    pub fn is_warm(&self, sb: &Sandbox) -> bool {
+        sb.pool
+            && sb.status() == Status::Ready
+            && (!self.agent_enabled()
+                || (self.relay().agent(&sb.id).is_some() && !self.warming().contains(&sb.id)))
+    }
+
+    fn warming(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.inner.warming.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Unclaimed pool members that are STARTING or READY.
     pub fn pool_members(&self) -> Vec<Arc<Sandbox>> {
         self.table()
@@ -94,7 +108,8 @@ impl Node {
                 .by_id
                 .values()
                 .filter(|sb| candidate(sb) && !digest.is_empty() && sb.image_digest == digest)
-                .min_by_key(|sb| sb.created_at)
+                // Warm members first (their agent is there), then the oldest.
+                .min_by_key(|sb| (!self.is_warm(sb), sb.created_at))
                 .cloned()
             else {
                 METRICS.pool_claim(false);
@@ -229,7 +244,61 @@ impl Node {
         self.spawn_provision(sb.clone());
         // A failed boot is retired by the next pass, after the loop's back-off.
         self.wait_ready(&sb).await?;
+        if self.agent_enabled() {
+            self.warming().insert(sb.id.clone());
+            self.await_agent(&sb.id).await;
+            if let Err(e) = self.warm_up(&sb).await {
+                warn!(sandbox_id = %sb.id, error = %e, "pool member warm-up failed");
+            }
+            self.warming().remove(&sb.id);
+        }
         Ok(true)
+    }
+
+    /// Runs `true` once through a new member's agent before anyone claims it: the first exec
+    /// of a sandbox pays for gVisor loading the dynamic loader and libc through the gofer
+    /// (~10-15 ms here), which a tenant's first exec then finds cached. Its usage is the
+    /// member's (a claim starts the tenant's from zero).
+    async fn warm_up(&self, sb: &Sandbox) -> Result<()> {
+        use crate::api::sandbox::v1 as spb;
+        let command =
+            sandbox_agent::command::render(&[], &sb.workspace.mount_path, &["true".to_string()])
+                .ok_or_else(|| Error::Internal("warm-up command".into()))?;
+        let mut events = self
+            .relay()
+            .exec_on_agent(spb::ExecRequest {
+                sandbox_id: sb.id.clone(),
+                exec: Some(spb::Exec {
+                    req_id: u64::from_le_bytes(
+                        uuid::Uuid::new_v4().as_bytes()[..8]
+                            .try_into()
+                            .unwrap_or([0; 8]),
+                    ),
+                    command,
+                    stdin: vec![],
+                    timeout_s: 10,
+                    streaming: false,
+                }),
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("warm-up: {e}")))?;
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(spb::ExecEvent { event }) = events.recv().await {
+                match event {
+                    Some(spb::exec_event::Event::End(e)) => return Ok(e.exit_code),
+                    Some(spb::exec_event::Event::Error(e)) => return Err(e.message),
+                    _ => {}
+                }
+            }
+            Err("the agent went away".to_string())
+        })
+        .await;
+        match ended {
+            Ok(Ok(0)) => Ok(()),
+            Ok(Ok(code)) => Err(Error::Internal(format!("warm-up exited {code}"))),
+            Ok(Err(m)) => Err(Error::Internal(format!("warm-up: {m}"))),
+            Err(_) => Err(Error::Internal("warm-up timed out".into())),
+        }
     }
 
     /// One pass of the refill loop: retires failed members and members no entry wants any
@@ -306,7 +375,7 @@ impl Node {
                     .map(|e| (e.image, 0))
                     .collect();
                 for sb in node.pool_members() {
-                    if sb.status() != Status::Ready {
+                    if !node.is_warm(&sb) {
                         continue;
                     }
                     match members.iter_mut().find(|(i, _)| *i == sb.image) {

@@ -331,6 +331,21 @@ impl Relay {
         }
     }
 
+    /// The agent of a sandbox, waiting for its attach until `until` (None: not by then).
+    pub async fn wait_agent(&self, sandbox_id: &str, until: Instant) -> Option<Arc<Worker>> {
+        loop {
+            let notified = self.inner.attached.notified();
+            if let Some(w) = self.agent(sandbox_id) {
+                return Some(w);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let _ = tokio::time::timeout(left, notified).await;
+        }
+    }
+
     async fn wait_worker(&self, sandbox_id: &str, agent_only: bool) -> Result<Arc<Worker>, Error> {
         let deadline = Instant::now() + self.inner.settings.worker_wait;
         loop {

@@ -223,6 +223,7 @@ impl Node {
             cgroup: self.cgroup(&sb.id),
         });
         let bounds = self.bounds(&sb, &req);
+        self.await_agent(&sb.id).await;
         let (backend, r) = match agent::AgentExec::new(self, &sb, &req) {
             Some(b) => (
                 "agent",
