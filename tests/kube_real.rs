@@ -1388,18 +1388,7 @@ async fn router_binary(c: &Cluster, router_kubeconfig: &Path) {
     }
     assert_eq!(flag(&args, "--watch-nodes"), Some("false"));
     let log = c.path("router.log");
-    let _router = Killed(
-        Command::new(env!("CARGO_BIN_EXE_computed"))
-            .args(&args)
-            .env("KUBECONFIG", router_kubeconfig)
-            .env("RUST_LOG", "info")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env_remove("COMPUTE_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let _router = Killed(spawn_router(&args, router_kubeconfig, &log));
     wait_status(&metrics, "/livez", 200, "router started", &log).await;
     assert_eq!(
         http_status(&metrics, "/readyz"),
@@ -1639,6 +1628,21 @@ async fn platform_store(router_kubeconfig: &Path) {
     assert!(seqs.iter().all(|s| got.contains(s)));
 }
 
+/// `computed router ARGS` (none of the router's environment variables) with `kubeconfig`
+/// as its identity and its log in `log`.
+fn spawn_router(args: &[String], kubeconfig: &Path, log: &Path) -> std::process::Child {
+    router_command()
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("COMPUTE_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
 /// A `computed router` process with the router's token and `--platform-store kube`.
 struct PlatformRouter {
     _child: Killed,
@@ -1655,16 +1659,7 @@ fn platform_router(c: &Cluster, kubeconfig: &Path, nodes: &str, name: &str) -> P
     let socket = PathBuf::from(&args[args.iter().position(|a| a == "--socket").unwrap() + 1]);
     args.extend(["--namespace".to_string(), NS.to_string()]);
     let log = c.path(&format!("platform-router-{name}.log"));
-    let mut child = router_command()
-        .args(&args)
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("COMPUTE_CONFIG")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_router(&args, kubeconfig, &log);
     common::wait_listening(&addr, Duration::from_secs(20), "platform router", || {
         let st = child.try_wait().ok()??;
         Some(format!("router exited with {st}:\n{}", tail(&log, 30)))

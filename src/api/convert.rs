@@ -13,6 +13,22 @@ pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     prost_types::Timestamp::from(t)
 }
 
+/// A protobuf Timestamp of an RFC 3339 time; None when it does not parse.
+pub fn timestamp_of_rfc3339(s: &str) -> Option<prost_types::Timestamp> {
+    let t = chrono::DateTime::parse_from_rfc3339(s).ok()?;
+    Some(prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: t.timestamp_subsec_nanos() as i32,
+    })
+}
+
+/// A protobuf Timestamp as RFC 3339 in UTC with milliseconds (how the platform's records
+/// write times); None when it is out of range.
+pub fn rfc3339_millis(t: &prost_types::Timestamp) -> Option<String> {
+    let d = chrono::DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?)?;
+    Some(d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
+
 /// A protobuf Duration of a std Duration.
 pub fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration::try_from(d).unwrap_or_default()

@@ -99,9 +99,7 @@ fn outcome_name(o: i32) -> &'static str {
 
 /// A timestamp as RFC 3339 (milliseconds, UTC); `None` for unset.
 fn time(t: &Option<prost_types::Timestamp>) -> Option<String> {
-    let t = t.as_ref()?;
-    chrono::DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32)
-        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+    t.as_ref().and_then(crate::api::convert::rfc3339_millis)
 }
 
 fn time_cell(t: &Option<prost_types::Timestamp>) -> String {
@@ -741,12 +739,9 @@ pub async fn whoami(t: &Target) -> anyhow::Result<()> {
 pub async fn audit(t: &Target, a: AuditArgs) -> anyhow::Result<()> {
     let since = match a.since.as_deref() {
         None => None,
-        Some(s) => Some(match chrono::DateTime::parse_from_rfc3339(s) {
-            Ok(d) => prost_types::Timestamp {
-                seconds: d.timestamp(),
-                nanos: d.timestamp_subsec_nanos() as i32,
-            },
-            Err(_) => {
+        Some(s) => Some(match crate::api::convert::timestamp_of_rfc3339(s) {
+            Some(t) => t,
+            None => {
                 let d = parse_duration(s).map_err(|e| anyhow::anyhow!("--since {e}"))?;
                 prost_types::Timestamp::from(std::time::SystemTime::now() - d)
             }

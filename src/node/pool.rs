@@ -269,11 +269,7 @@ impl Node {
             .exec_on_agent(spb::ExecRequest {
                 sandbox_id: sb.id.clone(),
                 exec: Some(spb::Exec {
-                    req_id: u64::from_le_bytes(
-                        uuid::Uuid::new_v4().as_bytes()[..8]
-                            .try_into()
-                            .unwrap_or([0; 8]),
-                    ),
+                    req_id: super::exec::agent::rand_id(),
                     command,
                     stdin: vec![],
                     timeout_s: 10,

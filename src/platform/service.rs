@@ -20,6 +20,7 @@ use super::auth::{self, Authenticator, Credentials};
 use super::keys;
 use super::records::{self, ApiKey, AuditEvent, Binding, Environment, Namespace, Outcome};
 use super::store::{self, Records, Store};
+use crate::api::convert::{rfc3339_millis as rfc3339, timestamp_of_rfc3339 as ts};
 use crate::api::platform::v1 as pb;
 
 /// A platform call's failure; mapped to a status in one place ([`From<Error> for Status`]).
@@ -76,19 +77,6 @@ fn store_status(s: &store::Error) -> Status {
 }
 
 type Result<T> = std::result::Result<T, Error>;
-
-fn ts(rfc3339: &str) -> Option<prost_types::Timestamp> {
-    let t = chrono::DateTime::parse_from_rfc3339(rfc3339).ok()?;
-    Some(prost_types::Timestamp {
-        seconds: t.timestamp(),
-        nanos: t.timestamp_subsec_nanos() as i32,
-    })
-}
-
-fn rfc3339(t: &prost_types::Timestamp) -> Option<String> {
-    let d = chrono::DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?)?;
-    Some(d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-}
 
 /// What the capability that an RPC waits for is called, by RPC name.
 fn later(method: &str) -> String {

@@ -333,31 +333,33 @@ impl Relay {
 
     /// The agent of a sandbox, waiting for its attach until `until` (None: not by then).
     pub async fn wait_agent(&self, sandbox_id: &str, until: Instant) -> Option<Arc<Worker>> {
+        self.wait_until(sandbox_id, true, until).await
+    }
+
+    async fn wait_worker(&self, sandbox_id: &str, agent_only: bool) -> Result<Arc<Worker>, Error> {
+        let until = Instant::now() + self.inner.settings.worker_wait;
+        self.wait_until(sandbox_id, agent_only, until)
+            .await
+            .ok_or_else(|| {
+                Error::Unavailable(format!("no worker attached for sandbox {sandbox_id}"))
+            })
+    }
+
+    /// The worker (`agent_only`: the agent) of a sandbox, waiting for an attach until `until`.
+    async fn wait_until(
+        &self,
+        sandbox_id: &str,
+        agent_only: bool,
+        until: Instant,
+    ) -> Option<Arc<Worker>> {
         loop {
             let notified = self.inner.attached.notified();
-            if let Some(w) = self.agent(sandbox_id) {
+            if let Some(w) = self.find(sandbox_id, agent_only) {
                 return Some(w);
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
-            }
-            let _ = tokio::time::timeout(left, notified).await;
-        }
-    }
-
-    async fn wait_worker(&self, sandbox_id: &str, agent_only: bool) -> Result<Arc<Worker>, Error> {
-        let deadline = Instant::now() + self.inner.settings.worker_wait;
-        loop {
-            let notified = self.inner.attached.notified();
-            if let Some(w) = self.find(sandbox_id, agent_only) {
-                return Ok(w);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Unavailable(format!(
-                    "no worker attached for sandbox {sandbox_id}"
-                )));
             }
             let _ = tokio::time::timeout(left, notified).await;
         }

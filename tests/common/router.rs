@@ -32,10 +32,7 @@ pub const ROUTER_ENV: &[&str] = &[
 /// and unix socket in a directory of its own, named after its listen address, so that
 /// routers side by side never share the database file or the socket).
 pub fn router_args(listen: &str, nodes: &str) -> Vec<String> {
-    let dir = std::env::temp_dir().join(format!(
-        "computed-test-router-{}",
-        listen.replace([':', '.', '/'], "_")
-    ));
+    let dir = router_dir(listen);
     let _ = std::fs::create_dir_all(&dir);
     [
         "router",
@@ -54,14 +51,17 @@ pub fn router_args(listen: &str, nodes: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// The directory of the router listening on `listen`: its records and its socket.
+fn router_dir(listen: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "computed-test-router-{}",
+        listen.replace([':', '.', '/'], "_")
+    ))
+}
+
 /// The platform socket of the router listening on `listen` (see [`router_args`]).
 pub fn router_socket(listen: &str) -> PathBuf {
-    std::env::temp_dir()
-        .join(format!(
-            "computed-test-router-{}",
-            listen.replace([':', '.', '/'], "_")
-        ))
-        .join("router.sock")
+    router_dir(listen).join("router.sock")
 }
 
 /// The value of `--flag V` or `--flag=V` in `args`.

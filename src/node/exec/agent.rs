@@ -41,7 +41,8 @@ pub struct AgentExec {
     pump: Option<JoinHandle<Result<Exit>>>,
 }
 
-fn rand_id() -> u64 {
+/// A random request id for the agent protocol.
+pub(crate) fn rand_id() -> u64 {
     let u = uuid::Uuid::new_v4();
     u64::from_le_bytes(u.as_bytes()[..8].try_into().unwrap_or([0; 8]))
 }
