@@ -115,8 +115,14 @@ fn credentials<T>(req: &Request<T>) -> Credentials<'_> {
             .extensions()
             .get::<tonic::transport::server::UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
-            .is_some_and(|c| c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw()),
+            .is_some_and(|c| is_local_admin(c.uid())),
     }
+}
+
+/// Whether a peer on one of our unix sockets with `uid` is the platform admin: root, or the
+/// uid this server runs as; anyone else the socket's group lets in still needs a key.
+fn is_local_admin(uid: u32) -> bool {
+    uid == 0 || uid == nix::unistd::geteuid().as_raw()
 }
 
 /// The four platform services of one [`Platform`], ready to add to a server.
@@ -1156,6 +1162,18 @@ mod tests {
             }
         }
         assert!(later("/platform.v1.SandboxService/ExecInSandbox").contains("interactive exec"));
+    }
+
+    #[test]
+    fn only_root_and_the_servers_own_uid_are_local_admins() {
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(is_local_admin(0));
+        assert!(is_local_admin(me));
+        for uid in [1, 1000, 65532, 65534] {
+            if uid != me {
+                assert!(!is_local_admin(uid), "uid {uid}");
+            }
+        }
     }
 
     #[test]
