@@ -99,8 +99,8 @@ struct RouterArgs {
     /// --nodes.
     #[arg(long, env = "COMPUTE_ROUTER_PLATFORM_STORE")]
     platform_store: Option<String>,
-    /// A unix socket serving the same as --listen, where uid 0 is the platform API's admin
-    /// (how the first namespace and key are made); empty: none.
+    /// A unix socket serving the same as --listen, where uid 0 or the router's own uid is the
+    /// platform API's admin (how the first namespace and key are made); empty: none.
     #[arg(
         long,
         env = "COMPUTE_ROUTER_SOCKET",

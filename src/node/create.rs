@@ -183,16 +183,17 @@ impl Node {
         // The record goes to containerd before we answer, so a restart right after still knows
         // the sandbox. Holding `ops` keeps a racing Destroy out until it is recorded.
         let guard = sb.ops.lock().await;
-        let took = self.record(&sb).await;
-        if let Err(e) = took {
-            let paths = self.paths(&sb.id);
-            let _ = blocking(move || volume::delete(&paths)).await;
-            let mut t = self.table();
-            t.by_id.remove(&sb.id);
-            t.end_session(&sb);
-            return Err(e);
-        }
-        let [volume, record] = took.unwrap_or_default();
+        let [volume, record] = match self.record(&sb).await {
+            Ok(took) => took,
+            Err(e) => {
+                let paths = self.paths(&sb.id);
+                let _ = blocking(move || volume::delete(&paths)).await;
+                let mut t = self.table();
+                t.by_id.remove(&sb.id);
+                t.end_session(&sb);
+                return Err(e);
+            }
+        };
         drop(guard);
         // Usage starts now: not what mkfs and mount wrote to the volume.
         let meter = sb.meter.clone();
