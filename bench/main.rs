@@ -67,11 +67,11 @@ struct Args {
     /// Scenario groups to run: cold (create_to_first_output_*, destroy), ready (exec_rtt_true,
     /// write_read_16mib), workloads (what agents run: a Python tool call, a shell pipeline,
     /// the data stack's import, a burst of 50 execs), platform (the API key gate's added cost),
-    /// throughput, density.
+    /// output (stdout throughput, memory with stalled clients), throughput, density.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cold,ready,workloads,platform,throughput,density"
+        default_value = "cold,ready,workloads,platform,output,throughput,density"
     )]
     only: Vec<String>,
     /// Override: rounds of the workloads per side.
@@ -145,11 +145,12 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The scenario groups of `--only`.
-const GROUPS: [&str; 6] = [
+const GROUPS: [&str; 7] = [
     "cold",
     "ready",
     "workloads",
     "platform",
+    "output",
     "throughput",
     "density",
 ];
@@ -503,6 +504,58 @@ async fn run(
                     Some(d) => format!(" (measured {d:.3} ms)"),
                     None => String::new(),
                 }
+            )],
+        });
+    }
+
+    if args.runs("output") {
+        let (bytes, rounds) = (200_000_000u64, if args.quick { 1 } else { 3 });
+        eprintln!("compute-bench: stdout throughput ({bytes} bytes, {rounds} rounds in turns)");
+        let r = match &o_err {
+            Some(e) => Err(anyhow::anyhow!("did not start: {e}")),
+            None => ours.stdout_throughput(bytes, rounds).await,
+        };
+        if let Err(e) = &r {
+            eprintln!("compute-bench: stdout throughput: {e:#}");
+        }
+        push(Scenario {
+            name: "exec_stdout_200mb",
+            unit: "MB/s",
+            better: Better::Higher,
+            ours: side_of(&r, |(s, _)| Side::measured(Dist::of(s, Better::Higher))),
+            baseline: side_of(&r, |(_, p)| Side::measured(Dist::of(p, Better::Higher))),
+            notes: vec![format!(
+                "one ready sandbox, {rounds} pair(s) in turns; ours: ExecCommand `head -c \
+                 {bytes} /dev/zero` read by this client as fast as it can; baseline: the same \
+                 pipe inside the sandbox (`head -c {bytes} /dev/zero | cat > /dev/null`); MB/s \
+                 from the client's clock; target: ratio >= 0.8"
+            )],
+        });
+        let n = 50;
+        eprintln!("compute-bench: daemon memory with {n} stalled clients");
+        let r = match &o_err {
+            Some(e) => Err(anyhow::anyhow!("did not start: {e}")),
+            None => ours.stalled_memory(n).await,
+        };
+        if let Err(e) = &r {
+            eprintln!("compute-bench: stalled clients: {e:#}");
+        }
+        let mib = |b: u64| (b as f64 / 1048576.0 * 10.0).round() / 10.0;
+        push(Scenario {
+            name: "daemon_rss_50_stalled",
+            unit: "MiB",
+            better: Better::Lower,
+            ours: side_of(&r, |(idle, stalled)| {
+                Side::measured(Some(Dist::single(mib(*stalled))))
+                    .with("added_per_exec_mib", mib(stalled.saturating_sub(*idle) / n as u64))
+            }),
+            baseline: side_of(&r, |(idle, _)| Side::measured(Some(Dist::single(mib(*idle))))),
+            notes: vec![format!(
+                "the daemon's VmRSS; ours: {n} execs of `head -c 1G /dev/zero` in one sandbox, each \
+                 client on its own connection reading one event and then nothing, after 5 s; \
+                 baseline: the same daemon just before (idle, warmed by a 20 MB exec); the \
+                 bound is the output window (exec_output_window, 1 MiB) per exec; every process \
+                 is gone within 10 s of its client"
             )],
         });
     }

@@ -134,6 +134,125 @@ impl Ours {
         Ok((authed, open))
     }
 
+    /// ExecCommand stdout throughput: `rounds` pairs, in turns, in one ready sandbox, of
+    /// `head -c BYTES /dev/zero` streamed to this client as fast as it reads, and of the same
+    /// pipe inside the sandbox (`head -c BYTES /dev/zero | cat > /dev/null`); MB/s from the
+    /// client's clock, start to end, for both. Returns (streamed MB/s, inside MB/s).
+    pub async fn stdout_throughput(
+        &self,
+        bytes: u64,
+        rounds: usize,
+    ) -> Result<(Vec<f64>, Vec<f64>)> {
+        let (id, _) = self.create_ready().await?;
+        let mut c = self.client()?;
+        let n = bytes.to_string();
+        let inside = format!("head -c {n} /dev/zero | cat > /dev/null");
+        let (mut streamed, mut piped) = (Vec::new(), Vec::new());
+        let mb_s = |d: Duration| bytes as f64 / 1e6 / d.as_secs_f64();
+        let r = async {
+            for i in 0..rounds {
+                for side in crate::scenarios::order(2, i) {
+                    let t = Instant::now();
+                    if side == 0 {
+                        let o = self
+                            .run_exec(&mut c, &id, &["head", "-c", &n, "/dev/zero"], t)
+                            .await?;
+                        if o.exit_code != 0 || o.stdout.len() as u64 != bytes {
+                            bail!(
+                                "head streamed {} bytes, exit {}",
+                                o.stdout.len(),
+                                o.exit_code
+                            );
+                        }
+                        streamed.push(mb_s(t.elapsed()));
+                    } else {
+                        let o = self
+                            .run_exec(&mut c, &id, &["sh", "-c", &inside], t)
+                            .await?;
+                        if o.exit_code != 0 {
+                            bail!("the pipe inside exited {}", o.exit_code);
+                        }
+                        piped.push(mb_s(t.elapsed()));
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let _ = self.destroy(&id).await;
+        r.map(|()| (streamed, piped))
+    }
+
+    /// The daemon's memory with `n` stalled clients: in one ready sandbox, `n` execs of
+    /// `head -c 1G /dev/zero`, each on its own connection, read for one event and then not at
+    /// all. Returns (idle RSS, RSS after 5 s of stall), in bytes; the streams then go and
+    /// every process must be gone within 10 s.
+    pub async fn stalled_memory(&self, n: usize) -> Result<(u64, u64)> {
+        let (id, _) = self.create_ready().await?;
+        let pid = self.daemon_pid().context("no daemon pid")?;
+        let rss = move || -> Result<u64> {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let kb = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .context("VmRSS")?;
+            Ok(kb * 1024)
+        };
+        let r = async {
+            // Warm the path first (the allocator's arenas, the agent).
+            let mut c = self.client()?;
+            self.run_exec(
+                &mut c,
+                &id,
+                &["head", "-c", "20000000", "/dev/zero"],
+                Instant::now(),
+            )
+            .await?;
+            let idle = rss()?;
+            let mut streams = Vec::new();
+            for _ in 0..n {
+                let ch = Channel::from_shared(format!("http://{}", self.addr))?
+                    .connect()
+                    .await?;
+                let mut cl = Client::new(ch);
+                let mut s = cl
+                    .exec_command(pb::ExecCommandRequest {
+                        sandbox_id: id.clone(),
+                        command: "head".into(),
+                        args: vec!["-c".into(), "1000000000".into(), "/dev/zero".into()],
+                        ..Default::default()
+                    })
+                    .await
+                    .context("ExecCommand")?
+                    .into_inner();
+                s.message().await?.context("no first event")?;
+                streams.push((s, cl));
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let stalled = rss()?;
+            drop(streams);
+            let count = "cat /proc/[0-9]*/comm 2>/dev/null | grep -cx head || true";
+            let t = Instant::now();
+            loop {
+                let o = self
+                    .run_exec(&mut c, &id, &["sh", "-c", count], Instant::now())
+                    .await?;
+                if String::from_utf8_lossy(&o.stdout).trim() == "0" {
+                    break;
+                }
+                if t.elapsed() > Duration::from_secs(10) {
+                    bail!("stalled execs left running 10 s after their clients went");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok((idle, stalled))
+        }
+        .await;
+        let _ = self.destroy(&id).await;
+        r
+    }
+
     /// The daemon's log file.
     pub fn log(&self) -> &Path {
         &self.log

@@ -69,7 +69,7 @@ async fn destroy_each<T: Target>(sides: &[&T], ids: &[Option<String>]) {
 
 /// The order in which round `i` visits the sides: alternating, so that neither side always
 /// runs right after the other.
-fn order(n: usize, i: usize) -> Vec<usize> {
+pub fn order(n: usize, i: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
     if i % 2 == 1 {
         v.reverse();

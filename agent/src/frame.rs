@@ -3,19 +3,65 @@
 //! A frame is `MAGIC` (4 bytes), a big-endian u32 length and that many bytes of protobuf. A
 //! reader that meets anything else (half a frame left by a daemon restart, noise) skips forward
 //! to the next `MAGIC` and carries on, so a cut frame never wedges the stream.
+//!
+//! One more kind of frame travels from the node daemon to its in-sandbox agent only:
+//! [`FLOW_MAGIC`] and a [`Flow`], the agent-private flow control of exec output (see
+//! `crate::flow`). It is not part of sandbox.v1: a reader that does not know it (an agent from
+//! before it) skips it as noise, and external workers never see it.
 
 use prost::Message;
 
 /// Start of every frame.
 pub const MAGIC: &[u8; 4] = b"SBX\x01";
+/// Start of an agent-private flow-control frame (daemon → agent).
+pub const FLOW_MAGIC: &[u8; 4] = b"SBX\x02";
 /// Largest frame accepted (a 16 MiB chunk plus room).
 pub const MAX_FRAME: usize = 17 << 20;
 
+/// Flow control of exec output, daemon → agent.
+///
+/// * `window` > 0 announces flow control for the link: from now on every exec may have at most
+///   `window` bytes of output sent and not yet credited back. Sent once, first, by each daemon
+///   that opens the link; a later one (a new daemon after a restart) releases the execs of the
+///   earlier link, whose readers are gone.
+/// * Otherwise `credit` more bytes of exec `req_id`'s output may be sent: the daemon's client
+///   has taken that much.
+#[derive(Clone, Copy, PartialEq, Eq, Message)]
+pub struct Flow {
+    /// The exec credited.
+    #[prost(uint64, tag = "1")]
+    pub req_id: u64,
+    /// Bytes credited back.
+    #[prost(uint64, tag = "2")]
+    pub credit: u64,
+    /// Per-exec window announced for the link (0: this is a credit).
+    #[prost(uint64, tag = "3")]
+    pub window: u64,
+}
+
+/// One frame read: a sandbox.v1 message, or an agent-private flow-control frame.
+#[derive(Debug, PartialEq)]
+pub enum Frame<M> {
+    /// A sandbox.v1 message.
+    Message(M),
+    /// Flow control.
+    Flow(Flow),
+}
+
 /// Encodes one message as a frame.
 pub fn encode<M: Message>(m: &M) -> Vec<u8> {
+    encode_with(MAGIC, m)
+}
+
+/// Encodes a flow-control frame.
+pub fn encode_flow(f: &Flow) -> Vec<u8> {
+    encode_with(FLOW_MAGIC, f)
+}
+
+fn encode_with<M: Message>(magic: &[u8; 4], m: &M) -> Vec<u8> {
     let body = m.encode_to_vec();
     let mut out = Vec::with_capacity(8 + body.len());
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     out.extend_from_slice(&body);
     out
@@ -35,11 +81,26 @@ impl Reader {
         self.buf.extend_from_slice(data);
     }
 
-    /// The next whole message, if one is buffered.
+    /// The next whole sandbox.v1 message, if one is buffered (flow-control frames are
+    /// skipped).
     pub fn next_message<M: Message + Default>(&mut self) -> Option<M> {
         loop {
-            // Align on MAGIC.
-            match self.buf.windows(4).position(|w| w == MAGIC) {
+            match self.next_frame()? {
+                Frame::Message(m) => return Some(m),
+                Frame::Flow(_) => continue,
+            }
+        }
+    }
+
+    /// The next whole frame of either kind, if one is buffered.
+    pub fn next_frame<M: Message + Default>(&mut self) -> Option<Frame<M>> {
+        loop {
+            // Align on either MAGIC.
+            match self
+                .buf
+                .windows(4)
+                .position(|w| w == MAGIC || w == FLOW_MAGIC)
+            {
                 Some(0) => {}
                 Some(i) => {
                     self.skipped += i as u64;
@@ -68,9 +129,16 @@ impl Reader {
             if self.buf.len() < 8 + len {
                 return None;
             }
-            let body: Vec<u8> = self.buf.drain(..8 + len).skip(8).collect();
-            match M::decode(body.as_slice()) {
-                Ok(m) => return Some(m),
+            let flow = self.buf[..4] == FLOW_MAGIC[..];
+            let body = &self.buf[8..8 + len];
+            let decoded = if flow {
+                Flow::decode(body).map(Frame::Flow)
+            } else {
+                M::decode(body).map(Frame::Message)
+            };
+            self.buf.drain(..8 + len);
+            match decoded {
+                Ok(f) => return Some(f),
                 Err(_) => {
                     self.skipped += (8 + len) as u64;
                     continue;
@@ -135,5 +203,61 @@ mod tests {
         bogus.extend(encode(&end(3)));
         r.push(&bogus);
         assert_eq!(r.next_message::<pb::WorkerFrame>(), Some(end(3)));
+    }
+
+    #[test]
+    fn flow_frames_interleave_and_old_readers_skip_them() {
+        let credit = Flow {
+            req_id: 9,
+            credit: 65536,
+            window: 0,
+        };
+        let mut bytes = encode_flow(&Flow {
+            window: 1 << 20,
+            ..Default::default()
+        });
+        bytes.extend(encode(&end(1)));
+        bytes.extend(encode_flow(&credit));
+        bytes.extend(encode(&end(2)));
+        let mut r = Reader::default();
+        let mut got = Vec::new();
+        for b in &bytes {
+            r.push(&[*b]);
+            while let Some(f) = r.next_frame::<pb::WorkerFrame>() {
+                got.push(f);
+            }
+        }
+        assert_eq!(
+            got,
+            vec![
+                Frame::Flow(Flow {
+                    window: 1 << 20,
+                    ..Default::default()
+                }),
+                Frame::Message(end(1)),
+                Frame::Flow(credit),
+                Frame::Message(end(2)),
+            ]
+        );
+        // A reader that knows only MAGIC (an agent from before flow control) resyncs past them.
+        let old: Vec<u8> = bytes.clone();
+        let mut r = Reader::default();
+        r.push(&old);
+        let mut msgs = Vec::new();
+        while let Some(m) = r.next_message::<pb::WorkerFrame>() {
+            msgs.push(m);
+        }
+        assert_eq!(msgs, vec![end(1), end(2)]);
+        let mut plain = Vec::new();
+        let mut i = 0;
+        while let Some(p) = old[i..].windows(4).position(|w| w == MAGIC) {
+            plain.push(i + p);
+            i += p + 4;
+        }
+        assert_eq!(
+            plain.len(),
+            2,
+            "flow frames never look like sandbox.v1 frames"
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! The in-sandbox agent's library: the sandbox.v1 worker types, the framing used over stdio,
-//! the parser of the commands the node daemon sends (see `command`), and the lean process
+//! the pacing of exec output (see `flow`), the parser of the commands the node daemon sends (see `command`), and the lean process
 //! start they run with (see `spawn`).
 
 pub mod command;
+pub mod flow;
 pub mod frame;
 pub mod spawn;
 

@@ -17,6 +17,7 @@ use clap::Parser;
 use pb::sandbox_worker_client::SandboxWorkerClient;
 use pb::server_frame::Msg as ServerMsg;
 use pb::worker_frame::Msg as WorkerMsg;
+use sandbox_agent::flow::{self, Gate};
 use sandbox_agent::spawn::{self, SpawnError};
 use sandbox_agent::{command, frame, pb};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,6 +69,9 @@ struct Args {
 
 type Out = mpsc::Sender<pb::WorkerFrame>;
 
+/// What reaches the agent: sandbox.v1 frames, and (from the node daemon) flow control.
+type Inbound = frame::Frame<pb::ServerFrame>;
+
 fn frame(msg: WorkerMsg) -> pb::WorkerFrame {
     pb::WorkerFrame { msg: Some(msg) }
 }
@@ -112,33 +116,31 @@ async fn stop_group(pgid: i32, grace: Duration) {
     let _ = killpg(pg, Signal::SIGKILL);
 }
 
+/// Forwards one pipe of an exec as chunks, never more than its gate's credit ahead of what the
+/// daemon's client has taken: with no credit, the pipe is not read and the process blocks on
+/// its write.
 async fn pump(
     mut r: impl tokio::io::AsyncRead + Unpin,
     req_id: u64,
     stream: pb::Stream,
     out: Out,
-    collect: Option<Arc<Mutex<Vec<u8>>>>,
+    gate: Arc<Gate>,
 ) {
-    let mut buf = vec![0u8; 32 * 1024];
+    let mut buf = vec![0u8; flow::CHUNK_MAX];
     loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => match &collect {
-                Some(c) => c
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend_from_slice(&buf[..n]),
-                None => {
-                    let _ = out
-                        .send(frame(WorkerMsg::Chunk(pb::Chunk {
-                            req_id,
-                            data: buf[..n].to_vec(),
-                            stream: stream as i32,
-                        })))
-                        .await;
-                }
-            },
+        let allowed = gate.reserve(flow::CHUNK_MAX).await;
+        let n = flow::read_chunk(&mut r, &mut buf[..allowed], flow::LINGER).await;
+        gate.refund(allowed - n);
+        if n == 0 {
+            return;
         }
+        let _ = out
+            .send(frame(WorkerMsg::Chunk(pb::Chunk {
+                req_id,
+                data: buf[..n].to_vec(),
+                stream: stream as i32,
+            })))
+            .await;
     }
 }
 
@@ -185,7 +187,22 @@ async fn fail(out: &Out, req_id: u64, stderr: String, code: i32) {
         .await;
 }
 
-async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>, grace: Duration) {
+/// The execs in flight: their process groups and the gates of their output.
+#[derive(Default)]
+struct Execs {
+    pgids: HashMap<u64, i32>,
+    gates: HashMap<u64, Arc<Gate>>,
+}
+
+type Running = Arc<Mutex<Execs>>;
+
+fn execs(r: &Running) -> std::sync::MutexGuard<'_, Execs> {
+    r.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs one exec. Its output is always streamed: for `streaming=false` the relay collects
+/// stdout (as sandbox.v1 has it), so nothing is held in here either.
+async fn run_exec(e: pb::Exec, out: Out, running: Running, gate: Arc<Gate>, grace: Duration) {
     let req_id = e.req_id;
     let spec = command_for(&e);
     let mut child = match spawn::spawn(&spec) {
@@ -224,30 +241,31 @@ async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>,
         }
     };
     let pgid = child.id();
-    running
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(req_id, pgid);
+    execs(&running).pgids.insert(req_id, pgid);
     if let Some(mut stdin) = child.stdin.take() {
         let data = e.stdin.clone();
         tokio::spawn(async move {
             let _ = stdin.write_all(&data).await;
         });
     }
-    let collected = (!e.streaming).then(|| Arc::new(Mutex::new(Vec::new())));
     let p_out = child.stdout.take().map(|r| {
         tokio::spawn(pump(
             r,
             req_id,
             pb::Stream::Stdout,
             out.clone(),
-            collected.clone(),
+            gate.clone(),
         ))
     });
-    let p_err = child
-        .stderr
-        .take()
-        .map(|r| tokio::spawn(pump(r, req_id, pb::Stream::Stderr, out.clone(), None)));
+    let p_err = child.stderr.take().map(|r| {
+        tokio::spawn(pump(
+            r,
+            req_id,
+            pb::Stream::Stderr,
+            out.clone(),
+            gate.clone(),
+        ))
+    });
     let timeout = if e.timeout_s == 0 {
         Duration::from_secs(600)
     } else {
@@ -263,21 +281,10 @@ async fn run_exec(e: pb::Exec, out: Out, running: Arc<Mutex<HashMap<u64, i32>>>,
     for p in [p_out, p_err].into_iter().flatten() {
         let _ = tokio::time::timeout(Duration::from_millis(500), p).await;
     }
-    running
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&req_id);
-    if let Some(c) = collected {
-        let data = std::mem::take(&mut *c.lock().unwrap_or_else(|p| p.into_inner()));
-        if !data.is_empty() {
-            let _ = out
-                .send(frame(WorkerMsg::Chunk(pb::Chunk {
-                    req_id,
-                    data,
-                    stream: pb::Stream::Stdout as i32,
-                })))
-                .await;
-        }
+    {
+        let mut x = execs(&running);
+        x.pgids.remove(&req_id);
+        x.gates.remove(&req_id);
     }
     use std::os::unix::process::ExitStatusExt;
     let code = match status {
@@ -322,10 +329,7 @@ fn stdio_reader() -> Box<dyn tokio::io::AsyncRead + Unpin + Send> {
 }
 
 /// Frames over stdin/stdout: a reader that resynchronises on garbage, and a writer.
-fn stdio_transport(
-    mut out: mpsc::Receiver<pb::WorkerFrame>,
-    inbound: mpsc::Sender<pb::ServerFrame>,
-) {
+fn stdio_transport(mut out: mpsc::Receiver<pb::WorkerFrame>, inbound: mpsc::Sender<Inbound>) {
     tokio::spawn(async move {
         let mut stdout = stdio_writer();
         while let Some(f) = out.recv().await {
@@ -346,7 +350,7 @@ fn stdio_transport(
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                 Ok(n) => {
                     r.push(&buf[..n]);
-                    while let Some(f) = r.next_message::<pb::ServerFrame>() {
+                    while let Some(f) = r.next_frame::<pb::ServerFrame>() {
                         if inbound.send(f).await.is_err() {
                             return;
                         }
@@ -465,7 +469,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
     });
     let grace = Duration::from_secs_f64(args.grace.max(0.0));
-    let (in_tx, mut inbound) = mpsc::channel::<pb::ServerFrame>(256);
+    let (in_tx, mut inbound) = mpsc::channel::<Inbound>(256);
     if args.stdio {
         stdio_transport(rx, in_tx);
     } else {
@@ -484,32 +488,50 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         let mut frames = client.attach(req).await?.into_inner();
         tokio::spawn(async move {
             while let Ok(Some(f)) = frames.message().await {
-                if in_tx.send(f).await.is_err() {
+                if in_tx.send(frame::Frame::Message(f)).await.is_err() {
                     return;
                 }
             }
         });
     }
-    let running: Arc<Mutex<HashMap<u64, i32>>> = Arc::default();
+    let running: Running = Arc::default();
     let mut aborted = std::collections::HashSet::new();
+    // The per-exec window the daemon announced (0: no flow control on this link).
+    let mut window = 0u64;
     while let Some(f) = inbound.recv().await {
-        match f.msg {
-            Some(ServerMsg::Exec(e)) => {
-                tokio::spawn(run_exec(e, tx.clone(), running.clone(), grace));
+        match f {
+            frame::Frame::Message(pb::ServerFrame {
+                msg: Some(ServerMsg::Exec(e)),
+            }) => {
+                let gate = Arc::new(Gate::new(window));
+                execs(&running).gates.insert(e.req_id, gate.clone());
+                tokio::spawn(run_exec(e, tx.clone(), running.clone(), gate, grace));
             }
-            Some(ServerMsg::Abort(a)) => {
-                let pg = running
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&a.req_id)
-                    .copied();
+            frame::Frame::Message(pb::ServerFrame {
+                msg: Some(ServerMsg::Abort(a)),
+            }) => {
+                let pg = execs(&running).pgids.get(&a.req_id).copied();
                 if let Some(pg) = pg {
                     // A second Abort for the same exec kills at once.
                     let again = !aborted.insert(a.req_id);
                     tokio::spawn(stop_group(pg, if again { Duration::ZERO } else { grace }));
                 }
             }
-            None => {}
+            frame::Frame::Message(_) => {}
+            frame::Frame::Flow(fl) if fl.window > 0 => {
+                // A new link (the daemon restarted): the execs of the old one have no reader
+                // left to credit them; they run on unpaced, as before flow control.
+                for g in execs(&running).gates.values() {
+                    g.open();
+                }
+                window = fl.window;
+            }
+            frame::Frame::Flow(fl) => {
+                let gate = execs(&running).gates.get(&fl.req_id).cloned();
+                if let Some(g) = gate {
+                    g.grant(fl.credit);
+                }
+            }
         }
     }
     Ok(())

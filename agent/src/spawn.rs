@@ -193,6 +193,9 @@ fn dev_null() -> io::Result<RawFd> {
     Ok(NULL.get_or_init(|| f.into()).as_raw_fd())
 }
 
+/// The size of an exec's stdout pipe.
+const OUTPUT_PIPE_BYTES: libc::c_int = 256 << 10;
+
 /// A pipe whose `parent` end is non-blocking (for tokio) and whose `child` end is not; both
 /// close on exec.
 fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -368,6 +371,10 @@ pub fn spawn(spec: &Spec) -> Result<Child, SpawnError> {
     let cwd = spec.cwd.as_deref().map(cstring).transpose().map_err(exec)?;
     let (out_r, out_w) = pipe_pair().map_err(exec)?;
     let (err_r, err_w) = pipe_pair().map_err(exec)?;
+    // Room for a few output chunks, so that the process rarely waits on its pipe while the
+    // agent forwards the previous chunk (best effort: the default size works too).
+    // SAFETY: fcntl(2) on a descriptor we own.
+    unsafe { libc::fcntl(out_r.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_BYTES) };
     let stdin = if spec.stdin {
         Some(pipe_pair().map_err(exec)?)
     } else {

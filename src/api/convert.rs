@@ -99,8 +99,10 @@ pub fn exec_event(e: exec::ExecEvent) -> Result<pb::ExecEvent, tonic::Status> {
     use pb::exec_event::Event;
     let (event, at) = match e {
         exec::ExecEvent::Failed(e) => return Err(e.into()),
-        exec::ExecEvent::Stdout(data, at) => (Event::Stdout(pb::StdoutLine { data }), at),
-        exec::ExecEvent::Stderr(data, at) => (Event::Stderr(pb::StderrLine { data }), at),
+        // The chunk's hold is dropped here: its bytes have left the exec's window for the
+        // response stream, which takes it only as the client's flow control allows.
+        exec::ExecEvent::Stdout(data, at, _) => (Event::Stdout(pb::StdoutLine { data }), at),
+        exec::ExecEvent::Stderr(data, at, _) => (Event::Stderr(pb::StderrLine { data }), at),
         exec::ExecEvent::Completed(c, at) => (
             Event::Completed(pb::ExecCompleted {
                 exit_code: c.exit_code,

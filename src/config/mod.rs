@@ -159,6 +159,14 @@ pub struct Config {
     /// How long a relay Exec waits for a worker to attach, in milliseconds (0: UNAVAILABLE
     /// at once).
     pub worker_wait_ms: u64,
+    /// Most output of one exec the daemon holds for a client that is behind (a quantity): the
+    /// process is paused past it (its agent stops reading its pipes, or the containerd exec's
+    /// FIFOs are not read) until the client takes more.
+    pub exec_output_window: ByteSize,
+    /// Most output of one exec from an external relay worker held for a harness that is not
+    /// reading (a quantity): sandbox.v1 cannot pause a worker, so past it the exec ends with
+    /// ExecError and the worker gets an Abort.
+    pub worker_exec_buffer: ByteSize,
     /// This node's name, reported to the router (`COMPUTE_NODE_NAME`; default: the host name).
     pub node_name: String,
     /// Take no new sandboxes (`COMPUTE_DRAINING=1`); existing ones keep working.
@@ -262,6 +270,8 @@ impl Default for Config {
             max_execs_per_sandbox: 64,
             worker_heartbeat_timeout_ms: 10_000,
             worker_wait_ms: 0,
+            exec_output_window: size("1Mi"),
+            worker_exec_buffer: size("8Mi"),
             admin_tcp: false,
             socket_group: String::new(),
             tls_cert: PathBuf::new(),

@@ -28,6 +28,9 @@ use crate::relay::frame;
 /// it (and go through containerd).
 const AGENT_HELLO_WAIT: Duration = Duration::from_secs(3);
 
+/// The size of the pipe from the agent (kernel memory, taken as it fills).
+const AGENT_PIPE_BYTES: i32 = 1 << 20;
+
 impl Node {
     fn agent_dir(&self, id: &str) -> PathBuf {
         self.config().run_dir.join("agents").join(id)
@@ -123,6 +126,16 @@ impl Node {
         let mut to_agent = OpenOptions::new()
             .read_write(true)
             .open_sender(dir.join("in"))?;
+        // Room for a few whole output chunks in the pipe from the agent (64 KiB by default:
+        // one 64 KiB chunk and its header would take two wakeups of each side).
+        {
+            use nix::fcntl::{fcntl, FcntlArg};
+            use std::os::fd::AsRawFd;
+            let _ = fcntl(
+                from_agent.as_raw_fd(),
+                FcntlArg::F_SETPIPE_SZ(AGENT_PIPE_BYTES),
+            );
+        }
         let relay = self.relay().clone();
         let tasks = self.inner.tasks.clone();
         let hello = |sb: &Sandbox| pb::Hello {
@@ -134,12 +147,31 @@ impl Node {
             ..Default::default()
         };
         let mut worker = None;
+        // Flow control first: this daemon paces every exec of the link (`crate::flow`).
+        let window = relay.settings().exec_window as u64;
+        to_agent
+            .write_all(&frame::encode_flow(&frame::Flow {
+                window,
+                ..Default::default()
+            }))
+            .await?;
         let mut attach = Some(|h: pb::Hello| {
-            let (w, mut rx) = relay.attach_in_sandbox(h);
-            // Frames for the agent: encode and write; a write error ends the link.
+            let (w, mut rx, mut credit) = relay.attach_in_sandbox(h);
+            // Frames and credit for the agent: encode and write; a write error ends the link.
             tasks.spawn(async move {
-                while let Some(Ok(f)) = rx.recv().await {
-                    if to_agent.write_all(&frame::encode(&f)).await.is_err() {
+                loop {
+                    let bytes = tokio::select! {
+                        biased;
+                        f = rx.recv() => match f {
+                            Some(Ok(f)) => frame::encode(&f),
+                            _ => return,
+                        },
+                        c = credit.recv() => match c {
+                            Some(c) => frame::encode_flow(&c),
+                            None => return,
+                        },
+                    };
+                    if to_agent.write_all(&bytes).await.is_err() {
                         return;
                     }
                 }
@@ -154,7 +186,7 @@ impl Node {
         }
         let mut states = sb.subscribe();
         let mut reader = frame::Reader::default();
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = vec![0u8; 256 << 10];
         loop {
             tokio::select! {
                 r = from_agent.read(&mut buf) => {

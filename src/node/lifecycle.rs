@@ -262,15 +262,20 @@ impl Node {
     #[instrument(skip_all, fields(sandbox_id = %id))]
     pub async fn destroy(&self, id: &str) -> Result<(Arc<Sandbox>, Usage)> {
         let sb = self.get(id)?;
+        // Still provisioning: no command has run in it, so nothing was written to flush.
+        let never_ready = sb.status() == Status::Starting;
         sb.cancel.cancel();
         let _g = sb.ops.lock().await;
         if let Some(u) = sb.state().final_usage {
             return Ok((sb.clone(), u));
         }
-        // Flush the workspace so that every byte written is counted, then take the final
-        // reading while the cgroup still exists.
-        let data = self.paths(&sb.id).data;
-        let _ = blocking(move || crate::metering::disk::flush(&data)).await;
+        // Flush the workspace so that every byte written is counted (a syncfs: on a busy
+        // file system it can take a while), then take the final reading while the cgroup still
+        // exists.
+        if !never_ready {
+            let data = self.paths(&sb.id).data;
+            let _ = blocking(move || crate::metering::disk::flush(&data)).await;
+        }
         let usage = self.usage(&sb).await;
         self.inner.rt.teardown(&sb.id).await?;
         self.agent_gone(&sb.id).await;

@@ -118,6 +118,14 @@ pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static)
     }
 }
 
+/// An output window from its configured size (at least 4 KiB: a window of nothing would stop
+/// every exec).
+fn window_bytes(size: &crate::size::ByteSize) -> usize {
+    usize::try_from(size.bytes())
+        .unwrap_or(usize::MAX)
+        .max(4096)
+}
+
 /// Parses a sandbox id: it must be a UUID.
 pub fn parse_id(id: &str) -> Result<String> {
     uuid::Uuid::parse_str(id)
@@ -154,6 +162,8 @@ impl Node {
                                 cfg.worker_heartbeat_timeout_ms,
                             ),
                             worker_wait: Duration::from_millis(cfg.worker_wait_ms),
+                            exec_window: window_bytes(&cfg.exec_output_window),
+                            worker_exec_buffer: window_bytes(&cfg.worker_exec_buffer),
                         },
                         credentials,
                         Box::new(hosted),

@@ -279,7 +279,7 @@ impl Node {
             .await
             .map_err(|e| Error::Internal(format!("warm-up: {e}")))?;
         let ended = tokio::time::timeout(Duration::from_secs(10), async {
-            while let Some(spb::ExecEvent { event }) = events.recv().await {
+            while let Some((spb::ExecEvent { event }, _)) = events.recv().await {
                 match event {
                     Some(spb::exec_event::Event::End(e)) => return Ok(e.exit_code),
                     Some(spb::exec_event::Event::Error(e)) => return Err(e.message),

@@ -21,6 +21,11 @@
 //! * `streaming=true` forwards every chunk as it arrives. `streaming=false` collects stdout
 //!   (chunks with `Stream` STDOUT or UNSPECIFIED) and returns it as one chunk just before `End`;
 //!   STDERR chunks are replayed as they come and never added to the returned stdout.
+//! * Output is bounded per exec (`crate::flow`). An agent is paced by credit and never goes
+//!   over its window; an external worker cannot be paused by sandbox.v1, so once more than
+//!   `worker_exec_buffer` bytes of one exec wait for a harness that is not reading, the exec
+//!   ends with `ExecError` and the worker gets an `Abort`. `streaming=false` collects at most
+//!   [`MAX_COLLECTED`] bytes of stdout, the same way.
 //! * Exec for a sandbox with no worker waits up to `worker_wait` for one to attach, then is
 //!   UNAVAILABLE. Abort of an unknown req_id is a no-op. A harness that goes away aborts its
 //!   exec on the worker.
@@ -40,15 +45,33 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use crate::api::sandbox::v1 as pb;
+use crate::flow::{Hold, Window};
 use crate::tasks::Tasks;
 pub use error::Error;
 use pb::server_frame::Msg as ServerMsg;
 use pb::worker_frame::Msg as WorkerMsg;
-use worker::{lock, Inflight};
+use worker::{error_event, lock, Inflight};
 pub use worker::{Origin, Worker, AGENT_TRUST};
 
-/// The events of one exec, in order, ending with End or ExecError.
-pub type Events = mpsc::UnboundedReceiver<pb::ExecEvent>;
+/// Most stdout a `streaming=false` exec collects for its End (the largest message).
+pub const MAX_COLLECTED: usize = 16 << 20;
+
+/// The events of one exec, in order, ending with End or ExecError; each holds its bytes in
+/// the exec's output window until dropped.
+#[derive(Debug)]
+pub struct Events {
+    rx: mpsc::UnboundedReceiver<(pb::ExecEvent, Hold)>,
+}
+
+impl Events {
+    /// The next event and its hold: drop the hold once the event's bytes have left.
+    pub async fn recv(&mut self) -> Option<(pb::ExecEvent, Hold)> {
+        self.rx.recv().await
+    }
+}
+
+/// Flow control frames for an in-sandbox agent.
+pub type CreditRx = mpsc::UnboundedReceiver<frame::Flow>;
 
 /// Relay settings.
 #[derive(Debug, Clone)]
@@ -57,6 +80,11 @@ pub struct Settings {
     pub heartbeat_timeout: Duration,
     /// How long an Exec waits for a worker to attach.
     pub worker_wait: Duration,
+    /// Per-exec output window of an in-sandbox agent (it is paced by credit).
+    pub exec_window: usize,
+    /// Most output of one exec held for a harness that is not reading, from an external worker
+    /// (which cannot be paced): past it the exec ends.
+    pub worker_exec_buffer: usize,
 }
 
 impl Default for Settings {
@@ -64,6 +92,8 @@ impl Default for Settings {
         Self {
             heartbeat_timeout: Duration::from_secs(10),
             worker_wait: Duration::from_secs(0),
+            exec_window: crate::flow::DEFAULT_WINDOW,
+            worker_exec_buffer: 8 << 20,
         }
     }
 }
@@ -147,6 +177,11 @@ impl Relay {
         }
     }
 
+    /// The relay's settings.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
     /// The tasks the relay's work is spawned through.
     pub fn tasks(&self) -> &Tasks {
         &self.inner.tasks
@@ -207,19 +242,21 @@ impl Relay {
         if hello.trust.is_empty() {
             hello.trust = "untrusted".into();
         }
-        Ok(self.attach_with(hello, Origin::Network))
+        let (w, rx, _) = self.attach_with(hello, Origin::Network);
+        Ok((w, rx))
     }
 
     /// Registers a sandbox's own agent, which the node reached over the sandbox's private
     /// FIFOs; `hello` is the node's (its sandbox_id is the sandbox's). Replaces an earlier
     /// agent of the same sandbox (a re-attach). No heartbeat deadline: the link ends with the
-    /// sandbox.
-    pub fn attach_in_sandbox(&self, hello: pb::Hello) -> (Arc<Worker>, FrameRx) {
+    /// sandbox. The link carries the frames and the flow control (credit) for the agent.
+    pub fn attach_in_sandbox(&self, hello: pb::Hello) -> (Arc<Worker>, FrameRx, CreditRx) {
         self.attach_with(hello, Origin::Agent)
     }
 
-    fn attach_with(&self, hello: pb::Hello, origin: Origin) -> (Arc<Worker>, FrameRx) {
+    fn attach_with(&self, hello: pb::Hello, origin: Origin) -> (Arc<Worker>, FrameRx, CreditRx) {
         let (tx, rx) = mpsc::channel(256);
+        let (credit_tx, credit_rx) = mpsc::unbounded_channel();
         let w = Arc::new(Worker {
             id: self
                 .inner
@@ -232,6 +269,7 @@ impl Relay {
             inflight: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(Instant::now()),
             watched: origin == Origin::Network,
+            credit: (origin == Origin::Agent).then_some(credit_tx),
         });
         let old = lock(self.registry(origin)).insert(w.hello.sandbox_id.clone(), w.clone());
         if let Some(old) = old {
@@ -244,7 +282,7 @@ impl Relay {
         info!(sandbox_id = %w.hello.sandbox_id, origin = origin.word(), trust = %w.hello.trust,
               capacity = w.hello.capacity_max, "worker attached");
         self.inner.attached.notify_waiters();
-        (w, rx)
+        (w, rx, credit_rx)
     }
 
     /// Removes a worker (if it is still the registered one) and fails its in-flight execs.
@@ -283,17 +321,46 @@ impl Relay {
         match msg {
             WorkerMsg::Hello(_) | WorkerMsg::Heartbeat(_) => {}
             WorkerMsg::Chunk(c) => {
+                let req_id = c.req_id;
                 let mut inflight = lock(&w.inflight);
-                let Some(f) = inflight.get_mut(&c.req_id) else {
+                let Some(f) = inflight.get_mut(&req_id) else {
                     return;
                 };
                 let is_stderr = c.stream == pb::Stream::Stderr as i32;
-                if f.streaming || is_stderr {
-                    let _ = f.tx.send(pb::ExecEvent {
-                        event: Some(pb::exec_event::Event::Chunk(c)),
-                    });
+                let over = if f.streaming || is_stderr {
+                    let hold = f.window.hold(c.data.len());
+                    let over = f.window.is_over();
+                    if !over {
+                        let _ = f.tx.send((
+                            pb::ExecEvent {
+                                event: Some(pb::exec_event::Event::Chunk(c)),
+                            },
+                            hold,
+                        ));
+                    }
+                    over.then(|| self.overflow_message(w, f.window.limit()))
                 } else {
+                    // Collected, not held: the agent gets its credit back at once.
+                    drop(f.window.hold(c.data.len()));
                     f.stdout.extend_from_slice(&c.data);
+                    (f.stdout.len() > MAX_COLLECTED).then(|| {
+                        format!(
+                            "stdout over {MAX_COLLECTED} bytes, the most streaming=false \
+                             collects: stream it (streaming=true)"
+                        )
+                    })
+                };
+                if let Some(why) = over {
+                    // End the exec here and stop it on the worker.
+                    if let Some(f) = inflight.remove(&req_id) {
+                        let _ = f.tx.send((error_event(req_id, &why), Hold::none()));
+                    }
+                    drop(inflight);
+                    warn!(sandbox_id = %w.hello.sandbox_id, req_id, why = %why, "exec ended");
+                    let (relay, w) = (self.clone(), w.clone());
+                    self.inner.tasks.spawn(async move {
+                        relay.send_abort(&w, req_id).await;
+                    });
                 }
             }
             WorkerMsg::End(e) => {
@@ -301,25 +368,47 @@ impl Relay {
                     return;
                 };
                 if !f.streaming && !f.stdout.is_empty() {
-                    let _ = f.tx.send(pb::ExecEvent {
-                        event: Some(pb::exec_event::Event::Chunk(pb::Chunk {
-                            req_id: e.req_id,
-                            data: f.stdout,
-                            stream: pb::Stream::Stdout as i32,
-                        })),
-                    });
+                    let _ = f.tx.send((
+                        pb::ExecEvent {
+                            event: Some(pb::exec_event::Event::Chunk(pb::Chunk {
+                                req_id: e.req_id,
+                                data: f.stdout,
+                                stream: pb::Stream::Stdout as i32,
+                            })),
+                        },
+                        Hold::none(),
+                    ));
                 }
-                let _ = f.tx.send(pb::ExecEvent {
-                    event: Some(pb::exec_event::Event::End(e)),
-                });
+                let _ = f.tx.send((
+                    pb::ExecEvent {
+                        event: Some(pb::exec_event::Event::End(e)),
+                    },
+                    Hold::none(),
+                ));
             }
             WorkerMsg::Error(e) => {
                 if let Some(f) = lock(&w.inflight).remove(&e.req_id) {
-                    let _ = f.tx.send(pb::ExecEvent {
-                        event: Some(pb::exec_event::Event::Error(e)),
-                    });
+                    let _ = f.tx.send((
+                        pb::ExecEvent {
+                            event: Some(pb::exec_event::Event::Error(e)),
+                        },
+                        Hold::none(),
+                    ));
                 }
             }
+        }
+    }
+
+    fn overflow_message(&self, w: &Worker, limit: usize) -> String {
+        match w.origin {
+            Origin::Network => format!(
+                "over {limit} bytes of output wait for a harness that is not reading them \
+                 (an external worker cannot be paused): exec ended"
+            ),
+            Origin::Agent => format!(
+                "the sandbox's agent sent more than the exec's {limit}-byte window (an agent \
+                 from before flow control): exec ended"
+            ),
         }
     }
 
@@ -388,6 +477,12 @@ impl Relay {
         }
         let w = self.wait_worker(&req.sandbox_id, agent_only).await?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let window = match &w.credit {
+            Some(credit) => {
+                Window::with_credit(self.inner.settings.exec_window, exec.req_id, credit.clone())
+            }
+            None => Window::new(self.inner.settings.worker_exec_buffer),
+        };
         {
             let mut inflight = lock(&w.inflight);
             if inflight.contains_key(&exec.req_id) {
@@ -403,6 +498,7 @@ impl Relay {
                     tx: tx.clone(),
                     streaming: exec.streaming,
                     stdout: Vec::new(),
+                    window,
                 },
             );
         }
@@ -426,7 +522,7 @@ impl Relay {
                 relay.send_abort(&w2, req_id).await;
             }
         });
-        Ok(rx)
+        Ok(Events { rx })
     }
 
     async fn send_abort(&self, w: &Worker, req_id: u64) {
@@ -479,6 +575,136 @@ mod tests {
         )
     }
 
+    fn chunk(req_id: u64, n: usize) -> pb::WorkerFrame {
+        pb::WorkerFrame {
+            msg: Some(WorkerMsg::Chunk(pb::Chunk {
+                req_id,
+                data: vec![b'x'; n],
+                stream: pb::Stream::Stdout as i32,
+            })),
+        }
+    }
+
+    async fn next_frame(rx: &mut FrameRx) -> ServerMsg {
+        tokio::time::timeout(Duration::from_secs(2), rx.recv())
+            .await
+            .expect("a frame for the worker")
+            .unwrap()
+            .unwrap()
+            .msg
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_external_workers_exec_ends_once_its_buffer_is_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = auth::Credentials::new(auth::Credentials::path_in(dir.path()));
+        let settings = Settings {
+            worker_exec_buffer: 1000,
+            ..Settings::default()
+        };
+        let r = Relay::new(settings, creds, Box::new(|_: &str| false), Tasks::new());
+        let (tok, _) = r.credentials().issue("ext-1", None).unwrap();
+        let (w, mut rx) = r
+            .attach_network(hello("ext-1", ""), tok.as_deref())
+            .unwrap();
+        let exec = |req_id, streaming| pb::ExecRequest {
+            sandbox_id: "ext-1".into(),
+            exec: Some(pb::Exec {
+                req_id,
+                command: "yes".into(),
+                streaming,
+                ..Default::default()
+            }),
+        };
+        let mut events = r.exec(exec(1, true)).await.unwrap();
+        assert!(matches!(next_frame(&mut rx).await, ServerMsg::Exec(_)));
+        // Read as they come: no limit on the total.
+        for _ in 0..10 {
+            r.on_frame(&w, chunk(1, 600));
+            let (ev, hold) = events.recv().await.unwrap();
+            assert!(matches!(ev.event, Some(pb::exec_event::Event::Chunk(_))));
+            assert_eq!(hold.bytes(), 600);
+        }
+        // Not read: the second chunk puts 1200 bytes over the 1000 of the buffer.
+        r.on_frame(&w, chunk(1, 600));
+        r.on_frame(&w, chunk(1, 600));
+        r.on_frame(&w, chunk(1, 600)); // after the end: dropped
+        assert!(matches!(
+            next_frame(&mut rx).await,
+            ServerMsg::Abort(pb::Abort { req_id: 1 })
+        ));
+        let (first, _) = events.recv().await.unwrap();
+        assert!(matches!(first.event, Some(pb::exec_event::Event::Chunk(_))));
+        let (last, hold) = events.recv().await.unwrap();
+        match last.event {
+            Some(pb::exec_event::Event::Error(e)) => {
+                assert!(e.message.contains("not reading"), "{}", e.message)
+            }
+            e => panic!("{e:?}"),
+        }
+        assert_eq!(hold.bytes(), 0);
+        assert!(events.rx.try_recv().is_err(), "nothing after the error");
+        assert_eq!(w.inflight(), 0);
+
+        // streaming=false collects at most MAX_COLLECTED.
+        let mut events = r.exec(exec(2, false)).await.unwrap();
+        assert!(matches!(next_frame(&mut rx).await, ServerMsg::Exec(_)));
+        for _ in 0..16 {
+            r.on_frame(&w, chunk(2, 1 << 20));
+        }
+        assert_eq!(w.inflight(), 1, "16 MiB is collected");
+        r.on_frame(&w, chunk(2, 1));
+        assert!(matches!(
+            next_frame(&mut rx).await,
+            ServerMsg::Abort(pb::Abort { req_id: 2 })
+        ));
+        match events.recv().await.unwrap().0.event {
+            Some(pb::exec_event::Event::Error(e)) => {
+                assert!(e.message.contains("streaming=true"), "{}", e.message)
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agents_exec_is_credited_as_its_events_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = relay(dir.path());
+        let (w, mut rx, mut credit) = r.attach_in_sandbox(hello("compute-1", AGENT_TRUST));
+        let mut events = r
+            .exec_on_agent(pb::ExecRequest {
+                sandbox_id: "compute-1".into(),
+                exec: Some(pb::Exec {
+                    req_id: 5,
+                    command: "yes".into(),
+                    streaming: true,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(next_frame(&mut rx).await, ServerMsg::Exec(_)));
+        let window = r.settings().exec_window;
+        // A whole window in flight, none of it taken yet: no credit.
+        for _ in 0..window / 65536 {
+            r.on_frame(&w, chunk(5, 65536));
+        }
+        assert!(credit.try_recv().is_err());
+        let mut taken = 0u64;
+        while taken < window as u64 {
+            let (_, hold) = events.recv().await.unwrap();
+            taken += hold.bytes() as u64;
+            drop(hold);
+        }
+        let credited: u64 = std::iter::from_fn(|| credit.try_recv().ok())
+            .inspect(|f| assert_eq!(f.req_id, 5))
+            .map(|f| f.credit)
+            .sum();
+        assert_eq!(credited, window as u64, "all of it credited back");
+        assert_eq!(w.inflight(), 1, "an agent within its window is never cut");
+    }
+
     #[tokio::test]
     async fn network_workers_never_reach_an_agents_registry() {
         let dir = tempfile::tempdir().unwrap();
@@ -488,7 +714,7 @@ mod tests {
         // A planted credential for the compute sandbox's id.
         let (planted, _) = r.credentials().issue("compute-1", None).unwrap();
         let planted = planted.unwrap();
-        let (agent, _agent_rx) = r.attach_in_sandbox(hello("compute-1", AGENT_TRUST));
+        let (agent, _agent_rx, _credit_rx) = r.attach_in_sandbox(hello("compute-1", AGENT_TRUST));
 
         // Table: (Hello's id, token) → outcome.
         let cases: Vec<(&str, Option<&str>, tonic::Code)> = vec![

@@ -96,21 +96,28 @@ impl SandboxExec for RelayService {
         req: Request<pb::ExecRequest>,
     ) -> Result<Response<Self::ExecStream>, Status> {
         let rx = self.relay.exec(req.into_inner()).await?;
-        // The stream ends with the exec's End or ExecError.
-        let stream = futures::stream::unfold((rx, false), |(mut rx, done)| async move {
-            if done {
-                return None;
-            }
-            let item = rx.recv().await?;
-            let last = matches!(
-                &item,
-                pb::ExecEvent {
-                    event: Some(pb::exec_event::Event::End(_) | pb::exec_event::Event::Error(_))
+        // The stream ends with the exec's End or ExecError. An event's bytes stay held in the
+        // exec's window until the stream is asked for the next one (its message has gone to
+        // the transport, which takes it only as the harness's flow control allows).
+        let held = crate::flow::Hold::none();
+        let stream =
+            futures::stream::unfold((rx, false, held), |(mut rx, done, held)| async move {
+                drop(held);
+                if done {
+                    return None;
                 }
-            );
-            Some((Ok(item), (rx, last)))
-        })
-        .boxed();
+                let (item, held) = rx.recv().await?;
+                let last = matches!(
+                    &item,
+                    pb::ExecEvent {
+                        event: Some(
+                            pb::exec_event::Event::End(_) | pb::exec_event::Event::Error(_)
+                        )
+                    }
+                );
+                Some((Ok(item), (rx, last, held)))
+            })
+            .boxed();
         Ok(Response::new(stream))
     }
 

@@ -1,13 +1,15 @@
 //! One attached worker and the execs in flight on it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::api::sandbox::v1 as pb;
+use crate::flow::{Hold, Window};
+use crate::relay::frame::Flow;
 
 /// How a worker reached the relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,14 +34,17 @@ impl Origin {
 /// sandbox's private FIFOs), never taken from the agent's Hello.
 pub const AGENT_TRUST: &str = "trusted";
 
-/// Per-exec events, unbounded so that every event is queued in order without waiting on the
-/// harness (which would stall the worker's other execs).
-pub(super) type EventTx = mpsc::UnboundedSender<pb::ExecEvent>;
+/// Per-exec events, never waiting on the harness (which would stall the worker's other
+/// execs): what they hold is bounded by the exec's output window instead (`crate::flow`).
+pub(super) type EventTx = mpsc::UnboundedSender<(pb::ExecEvent, Hold)>;
 
 pub(super) struct Inflight {
     pub(super) tx: EventTx,
     pub(super) streaming: bool,
+    /// `streaming=false`: stdout collected for the End.
     pub(super) stdout: Vec<u8>,
+    /// The exec's output window.
+    pub(super) window: Arc<Window>,
 }
 
 /// One attached worker.
@@ -54,6 +59,9 @@ pub struct Worker {
     pub(super) tx: mpsc::Sender<Result<pb::ServerFrame, Status>>,
     pub(super) inflight: Mutex<HashMap<u64, Inflight>>,
     pub(super) last_seen: Mutex<Instant>,
+    /// Flow control back to an in-sandbox agent (None: an external worker, which sandbox.v1
+    /// cannot pace).
+    pub(super) credit: Option<mpsc::UnboundedSender<Flow>>,
     /// Dropped when silent for `heartbeat_timeout`. Not the in-sandbox agents: the sandbox's
     /// own state tells whether they live, and 50 sandboxes' heartbeats would cost CPU.
     pub(super) watched: bool,
@@ -77,7 +85,7 @@ impl Worker {
     pub(super) fn fail_all(&self, why: &str) {
         let all: Vec<(u64, Inflight)> = lock(&self.inflight).drain().collect();
         for (req_id, f) in all {
-            let _ = f.tx.send(error_event(req_id, why));
+            let _ = f.tx.send((error_event(req_id, why), Hold::none()));
         }
     }
 

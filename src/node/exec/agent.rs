@@ -4,7 +4,6 @@
 //! second is SIGKILL at once.
 
 use nix::sys::signal::Signal;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
@@ -12,7 +11,7 @@ use super::lifecycle::{lost, Backend, Exit, Output};
 use super::{ExecEvent, ExecRequest};
 use crate::api::sandbox::v1 as pb;
 use crate::node::{Node, Result, Sandbox};
-use crate::relay::Relay;
+use crate::relay::{Events, Relay};
 
 /// The command the agent runs for an ExecCommand: the quoted form it runs without a shell
 /// (`sandbox_agent::command`). None when an env name cannot be exported by a shell.
@@ -80,20 +79,18 @@ impl AgentExec {
 
 /// Forwards the agent's output to the client until the exec's end. The client going away is
 /// not an end: the relay's events are still drained (the lifecycle notices the hang-up).
-async fn pump(
-    sandbox_id: String,
-    mut events: mpsc::UnboundedReceiver<pb::ExecEvent>,
-    out: Output,
-) -> Result<Exit> {
+async fn pump(sandbox_id: String, mut events: Events, out: Output) -> Result<Exit> {
     use std::time::SystemTime;
-    while let Some(pb::ExecEvent { event }) = events.recv().await {
+    while let Some((pb::ExecEvent { event }, hold)) = events.recv().await {
         match event {
             Some(pb::exec_event::Event::Chunk(c)) => {
                 let at = SystemTime::now();
+                // The hold goes with the chunk: the agent gets its credit back once the
+                // chunk has left for the client.
                 let ev = if c.stream == pb::Stream::Stderr as i32 {
-                    ExecEvent::Stderr(c.data, at)
+                    ExecEvent::Stderr(c.data, at, hold)
                 } else {
-                    ExecEvent::Stdout(c.data, at)
+                    ExecEvent::Stdout(c.data, at, hold)
                 };
                 let _ = out.send(ev).await;
             }

@@ -11,15 +11,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
-use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::info;
 
 use super::lifecycle::{lost, Backend, Exit, Output};
 use super::{ExecEvent, ExecRequest};
+use crate::flow::Window;
 use crate::node::{blocking, Error, Node, Result, Sandbox};
 use crate::runtime::{spec, ExecIo, ExecLaunch, SandboxRuntime, TaskState};
+use sandbox_agent::flow;
 
 /// The first line the launcher writes to stderr: `\x1ecompute-pid:<pid>\n`.
 const PID_MARK: &[u8] = b"\x1ecompute-pid:";
@@ -70,19 +71,22 @@ impl PidStrip {
     }
 }
 
-/// Forwards one FIFO to the client; for stderr with the launcher, strips the pid line and
-/// hands the pid over.
+/// Forwards one FIFO to the client in chunks (`sandbox_agent::flow`); for stderr with the
+/// launcher, strips the pid line and hands the pid over. The FIFO is read only while the
+/// exec's output window has room, so a client that is behind blocks the process on its write.
 async fn pump(
     mut rx: tokio::net::unix::pipe::Receiver,
     out: Output,
+    window: Arc<Window>,
     stderr: bool,
     mut pid: Option<oneshot::Sender<u32>>,
 ) {
-    let mut buf = vec![0u8; 32 * 1024];
+    let mut buf = vec![0u8; flow::CHUNK_MAX];
     let mut strip = pid.as_ref().map(|_| PidStrip::default());
     let mut client_gone = false;
     loop {
-        let n = rx.read(&mut buf).await.unwrap_or(0);
+        window.room().await;
+        let n = flow::read_chunk(&mut rx, &mut buf, flow::LINGER).await;
         let (data, found) = match strip.as_mut() {
             Some(s) => s.push(&buf[..n], n == 0),
             None => (buf[..n].to_vec(), None),
@@ -91,13 +95,14 @@ async fn pump(
             let _ = tx.send(p);
         }
         // The client went away: keep draining so the process never blocks on a full pipe
-        // while it is being stopped.
+        // while it is being stopped (a dropped event gives its bytes back at once).
         if !data.is_empty() && !client_gone {
             let at = SystemTime::now();
+            let hold = window.hold(data.len());
             let ev = if stderr {
-                ExecEvent::Stderr(data, at)
+                ExecEvent::Stderr(data, at, hold)
             } else {
-                ExecEvent::Stdout(data, at)
+                ExecEvent::Stdout(data, at, hold)
             };
             client_gone = out.send(ev).await.is_err();
         }
@@ -120,6 +125,7 @@ pub struct ContainerdExec {
     wait: Option<JoinHandle<crate::runtime::Result<u32>>>,
     pid_rx: Option<oneshot::Receiver<u32>>,
     pid: Option<u32>,
+    window: Arc<Window>,
 }
 
 impl ContainerdExec {
@@ -155,6 +161,7 @@ impl ContainerdExec {
             wait: None,
             pid_rx: None,
             pid: None,
+            window: Window::new(node.relay().settings().exec_window),
         }
     }
 
@@ -196,9 +203,15 @@ impl Backend for ContainerdExec {
             return Err(Error::Internal("exec stdio missing".into()));
         };
         let (pid_tx, pid_rx) = oneshot::channel();
-        self.pumps.spawn(pump(o, out.clone(), false, None));
         self.pumps
-            .spawn(pump(e, out, true, self.launcher.then_some(pid_tx)));
+            .spawn(pump(o, out.clone(), self.window.clone(), false, None));
+        self.pumps.spawn(pump(
+            e,
+            out,
+            self.window.clone(),
+            true,
+            self.launcher.then_some(pid_tx),
+        ));
         self.pid_rx = self.launcher.then_some(pid_rx);
         let (rt, id, ex) = (
             self.rt.clone(),

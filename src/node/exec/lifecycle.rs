@@ -332,7 +332,11 @@ mod tests {
             }
             self.started = Some(tokio::time::Instant::now());
             let _ = out
-                .send(ExecEvent::Stdout(b"hi\n".to_vec(), SystemTime::now()))
+                .send(ExecEvent::Stdout(
+                    b"hi\n".to_vec(),
+                    SystemTime::now(),
+                    crate::flow::Hold::none(),
+                ))
                 .await;
             Ok(())
         }
@@ -498,7 +502,7 @@ mod tests {
             (7, false, false, false)
         );
         assert_eq!(c.usage.cpu_ms, 3);
-        assert!(matches!(&r.events[..], [ExecEvent::Stdout(d, _)] if d == b"hi\n"));
+        assert!(matches!(&r.events[..], [ExecEvent::Stdout(d, _, _)] if d == b"hi\n"));
         assert_eq!(r.signals, ["cleanup"]);
         assert_eq!(
             r.meter.samples.load(Ordering::SeqCst),

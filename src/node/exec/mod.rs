@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn, Instrument};
 
 use super::{blocking, Error, Node, Result, Sandbox};
+use crate::flow::Hold;
 use crate::metering::meter::Meter;
 use crate::metering::{SandboxCgroup, Usage};
 use lifecycle::{Bounds, ExecMeter};
@@ -46,13 +47,14 @@ impl ExecRequest {
     }
 }
 
-/// One event of an exec's output stream.
+/// One event of an exec's output stream. A chunk holds its bytes in the exec's output window
+/// (`crate::flow`) until it is dropped, where it leaves for the client.
 #[derive(Debug)]
 pub enum ExecEvent {
     /// A chunk of stdout.
-    Stdout(Vec<u8>, SystemTime),
+    Stdout(Vec<u8>, SystemTime, Hold),
     /// A chunk of stderr.
-    Stderr(Vec<u8>, SystemTime),
+    Stderr(Vec<u8>, SystemTime, Hold),
     /// The end.
     Completed(Completed, SystemTime),
     /// The exec could not run or be followed to its end (containerd unavailable, the agent
