@@ -9,18 +9,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use computed::api::compute::v1 as pb;
 
-async fn wait_agent(d: &Daemon) {
-    let t = Instant::now();
-    while !d.log_text().contains("agent attached") && !d.log_text().contains("agent re-attached") {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "agent never attached:\n{}",
-            d.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn execs_go_through_the_agent_with_every_semantic() {
     need!();

@@ -144,17 +144,6 @@ async fn alive(c: &mut Client, id: &str, tag: &str) -> bool {
     o.code() == 0
 }
 
-async fn wait_agent(d: &Daemon) {
-    let t = Instant::now();
-    while !d.log_text().contains("agent attached") {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "agent never attached"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// One stalled client: the process blocks, the daemon's memory stays, another exec in the
 /// same sandbox streams meanwhile, and every byte arrives in order after the stall.
 async fn stalled_client(d: &Daemon, id: &str, total: u64, stall: Duration, rss_slack: u64) {

@@ -248,24 +248,9 @@ async fn run_exec(e: pb::Exec, out: Out, running: Running, gate: Arc<Gate>, grac
             let _ = stdin.write_all(&data).await;
         });
     }
-    let p_out = child.stdout.take().map(|r| {
-        tokio::spawn(pump(
-            r,
-            req_id,
-            pb::Stream::Stdout,
-            out.clone(),
-            gate.clone(),
-        ))
-    });
-    let p_err = child.stderr.take().map(|r| {
-        tokio::spawn(pump(
-            r,
-            req_id,
-            pb::Stream::Stderr,
-            out.clone(),
-            gate.clone(),
-        ))
-    });
+    let forward = |r, stream| tokio::spawn(pump(r, req_id, stream, out.clone(), gate.clone()));
+    let p_out = child.stdout.take().map(|r| forward(r, pb::Stream::Stdout));
+    let p_err = child.stderr.take().map(|r| forward(r, pb::Stream::Stderr));
     let timeout = if e.timeout_s == 0 {
         Duration::from_secs(600)
     } else {

@@ -338,7 +338,7 @@ impl Relay {
                             hold,
                         ));
                     }
-                    over.then(|| self.overflow_message(w, f.window.limit()))
+                    over.then(|| overflow_message(w.origin, f.window.limit()))
                 } else {
                     // Collected, not held: the agent gets its credit back at once.
                     drop(f.window.hold(c.data.len()));
@@ -396,19 +396,6 @@ impl Relay {
                     ));
                 }
             }
-        }
-    }
-
-    fn overflow_message(&self, w: &Worker, limit: usize) -> String {
-        match w.origin {
-            Origin::Network => format!(
-                "over {limit} bytes of output wait for a harness that is not reading them \
-                 (an external worker cannot be paused): exec ended"
-            ),
-            Origin::Agent => format!(
-                "the sandbox's agent sent more than the exec's {limit}-byte window (an agent \
-                 from before flow control): exec ended"
-            ),
         }
     }
 
@@ -550,6 +537,20 @@ impl Relay {
                 self.send_abort(&w, req_id).await;
             }
         }
+    }
+}
+
+/// Why an exec whose output went over its window was ended.
+fn overflow_message(origin: Origin, limit: usize) -> String {
+    match origin {
+        Origin::Network => format!(
+            "over {limit} bytes of output wait for a harness that is not reading them \
+             (an external worker cannot be paused): exec ended"
+        ),
+        Origin::Agent => format!(
+            "the sandbox's agent sent more than the exec's {limit}-byte window (an agent \
+             from before flow control): exec ended"
+        ),
     }
 }
 

@@ -724,6 +724,19 @@ impl ExecOut {
     }
 }
 
+/// Waits (20 s at most) until a sandbox's in-sandbox agent has attached to daemon `d`.
+pub async fn wait_agent(d: &Daemon) {
+    let t = Instant::now();
+    while !d.log_text().contains("agent attached") && !d.log_text().contains("agent re-attached") {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "agent never attached:\n{}",
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Runs an exec to completion.
 pub async fn exec(c: &mut Client, req: pb::ExecCommandRequest) -> Result<ExecOut, tonic::Status> {
     let mut stream = c.exec_command(req).await?.into_inner();
