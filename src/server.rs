@@ -128,15 +128,23 @@ pub async fn serve(
     let admin = crate::api::admin::v1::node_admin_server::NodeAdminServer::new(AdminService::new(
         node.clone(),
     ));
-    let svc = ComputeServiceServer::new(ComputeApi::new(node))
+    let svc = ComputeServiceServer::new(ComputeApi::new(node.clone()))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
-    // The platform API, its records in this node's embedded store.
+    // The platform API, its records in this node's embedded store, its sandboxes this node's.
     let platform = crate::platform::service::Platform::embedded(
         cfg.state_dir.join("platform").join("platform.redb"),
     )
     .await
-    .map_err(|e| Error::Platform(e.to_string()))?
+    .map_err(|e| Error::Platform(e.to_string()))?;
+    let platform = if cfg.platform_peer_secret.as_os_str().is_empty() {
+        platform
+    } else {
+        let secret = crate::platform::keys::read_secret(&cfg.platform_peer_secret)
+            .map_err(|e| Error::Platform(e.to_string()))?;
+        platform.with_peer_secret(&secret)
+    }
+    .with_sandboxes(crate::platform::sandboxes::Backend::Node(node))
     .servers();
 
     // One set of services, served twice: on TCP (TLS when configured; NodeAdmin only with

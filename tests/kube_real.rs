@@ -1562,7 +1562,7 @@ async fn platform_store(router_kubeconfig: &Path) {
     let header = format!("Bearer {token}");
     let creds = Credentials {
         authorization: Some(&header),
-        local_root: false,
+        ..Default::default()
     };
     const GET: &str = "/platform.v1.SandboxService/GetSandbox";
     const CREATE: &str = "/platform.v1.SandboxService/CreateSandbox";

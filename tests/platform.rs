@@ -67,6 +67,8 @@ async fn call(ch: &Channel, method: &str, token: Option<&str>, ns: &str) -> Code
                 pb::CreateSandboxRequest {
                     namespace: ns,
                     environment: "py".into(),
+                    // Past the gate, refused: the table makes no sandbox.
+                    working_dir: "relative".into(),
                     ..Default::default()
                 },
                 t,
@@ -359,8 +361,8 @@ async fn key(
     (r.key.unwrap().key_id, r.secret)
 }
 
-/// Sandbox- or workspace-id-addressed RPCs: they only authenticate until their resources
-/// exist (issues 17-22), then answer UNIMPLEMENTED.
+/// Sandbox- or workspace-id-addressed RPCs: they authenticate, then look the (unknown) id up
+/// (NOT_FOUND) or, until their issues (18-22), answer UNIMPLEMENTED.
 const ID_ADDRESSED: &[&str] = &[
     "DeleteSandbox",
     "GetSandbox",
@@ -377,6 +379,16 @@ const ID_ADDRESSED: &[&str] = &[
     "SyncSandboxWorkspace",
     "GetWorkspace",
     "DeleteWorkspace",
+];
+
+/// The sandbox RPCs served since issue 17 (the rest answer UNIMPLEMENTED past the gate).
+const SERVED: &[&str] = &[
+    "CreateSandbox",
+    "DeleteSandbox",
+    "GetSandbox",
+    "ListSandboxes",
+    "WatchSandbox",
+    "TailSandboxLogs",
 ];
 
 /// The whole table over `tcp`, bootstrapped over `root` (root on a unix socket of the
@@ -482,7 +494,12 @@ async fn table(root: Channel, tcp: Channel) -> Table {
                     None
                 };
                 if ID_ADDRESSED.contains(&name) {
-                    assert_eq!(got, Code::Unimplemented, "{at}");
+                    let want = if SERVED.contains(&name) {
+                        Code::NotFound
+                    } else {
+                        Code::Unimplemented
+                    };
+                    assert_eq!(got, want, "{at}");
                     continue;
                 }
                 match need {
@@ -506,8 +523,13 @@ async fn table(root: Channel, tcp: Channel) -> Table {
                                         )),
                                 "{at}"
                             );
+                            let want = match name {
+                                "CreateSandbox" => Code::InvalidArgument,
+                                "ListSandboxes" => Code::Ok,
+                                _ => Code::Unimplemented,
+                            };
                             if name.contains("Sandbox") || name.contains("Workspace") {
-                                assert_eq!(got, Code::Unimplemented, "{at}");
+                                assert_eq!(got, want, "{at}");
                             }
                         }
                     },
@@ -648,10 +670,20 @@ async fn every_rpc_by_every_credential_in_own_and_other_namespaces() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_router_in_front_of_two_nodes_serves_the_same_table() {
     need!();
-    let nodes = [start("platform-ra", ""), start("platform-rb", "")];
-    let list = format!("{},{}", nodes[0].addr, nodes[1].addr);
     let dir = tempfile::tempdir().unwrap();
-    let mut r = RouterProc::start(&list, dir.path(), "platform");
+    let peer = peer_secret(dir.path());
+    let node_cfg = format!("platform_peer_secret = {peer:?}");
+    let nodes = [
+        start("platform-ra", &node_cfg),
+        start("platform-rb", &node_cfg),
+    ];
+    let list = format!("{},{}", nodes[0].addr, nodes[1].addr);
+    let mut r = RouterProc::start_with(
+        &list,
+        dir.path(),
+        "platform",
+        &["--platform-peer-secret", peer.to_str().unwrap()],
+    );
     r.wait_nodes().await;
     let root = unix_channel(&r.socket()).await;
     let t = table(root, channel(&r.addr).await).await;
@@ -720,6 +752,13 @@ async fn the_router_in_front_of_two_nodes_serves_the_same_table() {
         }
         assert!(!t.audit.contains(secret_part), "a key is in the audit log");
     }
+}
+
+/// Writes a router-node peer secret into `dir`; returns its path.
+fn peer_secret(dir: &std::path::Path) -> std::path::PathBuf {
+    let p = dir.join("peer-secret");
+    std::fs::write(&p, format!("{}\n", uuid::Uuid::new_v4().simple())).unwrap();
+    p
 }
 
 /// Runs computectl with `args`, returning stdout; fails with stderr unless it succeeds.
@@ -930,5 +969,626 @@ async fn computectl_manages_namespaces_keys_bindings_environments_and_reads_the_
         root(&["ns", "ls"]).lines().count(),
         1,
         "only the header is left"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Platform sandboxes (issue 17): workloads, states, Get/List/Delete, Watch and TailLogs.
+
+type Sbx = SandboxServiceClient<Channel>;
+
+/// Makes namespaces `team-a` and `team-b` through `root` (root on the socket), environments in
+/// them, and keys: (operator of team-a, viewer of team-a, operator of team-b).
+async fn sandbox_setup(root: &Channel) -> (String, String, String) {
+    let mut a = AccessServiceClient::new(root.clone());
+    for ns in ["team-a", "team-b"] {
+        a.create_namespace(pb::CreateNamespaceRequest {
+            name: ns.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let mut e = EnvironmentServiceClient::new(root.clone());
+    let env = |ns: &str, name: &str, argv: &[&str], lifetime: u32| pb::CreateEnvironmentRequest {
+        environment: Some(pb::Environment {
+            namespace: ns.into(),
+            name: name.into(),
+            image: "compute.local/sandbox-python:latest".into(),
+            default_argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: [("FROM_ENV".to_string(), "env".to_string())].into(),
+            max_lifetime_sec: lifetime,
+            labels: [("tier".to_string(), "test".to_string())].into(),
+            ..Default::default()
+        }),
+    };
+    for r in [
+        env(
+            "team-a",
+            "py",
+            &["python3", "-c", "print('default argv')"],
+            0,
+        ),
+        env("team-a", "image-cmd", &[], 0),
+        env("team-a", "short", &["sleep", "600"], 3),
+        env("team-b", "other", &[], 0),
+    ] {
+        e.create_environment(r).await.unwrap();
+    }
+    let (_, op) = key(&mut a, "op", "team-a", Some(Role::Operator), false, None).await;
+    let (_, viewer) = key(&mut a, "v", "team-a", Some(Role::Viewer), false, None).await;
+    let (_, op_b) = key(&mut a, "op-b", "team-b", Some(Role::Operator), false, None).await;
+    (op, viewer, op_b)
+}
+
+fn create_in(ns: &str, env: &str, argv: &[&str]) -> pb::CreateSandboxRequest {
+    pb::CreateSandboxRequest {
+        namespace: ns.into(),
+        environment: env.into(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Every event of a watch, until it ends (at most `within`).
+async fn watch_all(s: &mut Sbx, id: &str, token: &str, within: Duration) -> Vec<pb::Sandbox> {
+    let mut st = s
+        .watch_sandbox(with(
+            pb::WatchSandboxRequest {
+                sandbox_id: id.into(),
+            },
+            Some(token),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(within, async {
+        while let Some(ev) = st.message().await.unwrap() {
+            out.push(ev.sandbox.unwrap());
+        }
+    })
+    .await;
+    out
+}
+
+/// The run log after `from` (no follow).
+async fn tail(s: &mut Sbx, id: &str, token: &str, from: u64) -> Vec<pb::LogEntry> {
+    let mut st = s
+        .tail_sandbox_logs(with(
+            pb::TailSandboxLogsRequest {
+                sandbox_id: id.into(),
+                from_offset: from,
+                ..Default::default()
+            },
+            Some(token),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(e) = st.message().await.unwrap() {
+        out.push(e);
+    }
+    out
+}
+
+fn markers(log: &[pb::LogEntry]) -> Vec<pb::LogMarker> {
+    log.iter()
+        .filter(|e| e.stream == pb::LogStream::Marker as i32)
+        .map(|e| pb::LogMarker::try_from(e.marker).unwrap())
+        .collect()
+}
+
+fn text(log: &[pb::LogEntry], stream: pb::LogStream) -> String {
+    log.iter()
+        .filter(|e| e.stream == stream as i32)
+        .map(|e| String::from_utf8_lossy(&e.data).to_string())
+        .collect()
+}
+
+async fn wait_state(
+    s: &mut Sbx,
+    id: &str,
+    token: &str,
+    want: pb::SandboxState,
+    reason: &str,
+) -> pb::Sandbox {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let sb = s
+            .get_sandbox(with(
+                pb::GetSandboxRequest {
+                    sandbox_id: id.into(),
+                },
+                Some(token),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        if sb.state == want as i32 && sb.state_reason.contains(reason) {
+            return sb;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{id} never {want:?} {reason:?}: {sb:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
+    need!();
+    let (d, mut v1) = start_client("platform-sbx", "").await;
+    let root = d.local_channel().await;
+    let (op, viewer, op_b) = sandbox_setup(&root).await;
+    let mut s = SandboxServiceClient::new(channel(&d.addr).await);
+
+    // Each rejection of the spec's Create heading, with its code.
+    let mut mounts9 = create_in("team-a", "py", &[]);
+    for i in 0..9 {
+        mounts9.workspaces.push(pb::WorkspaceMount {
+            mount_path: format!("/w{i}"),
+            ..Default::default()
+        });
+    }
+    let mut both = create_in("team-a", "py", &[]);
+    both.workspace_id = "ws-1".into();
+    both.workspaces.push(pb::WorkspaceMount {
+        mount_path: "/data".into(),
+        ..Default::default()
+    });
+    let mut reserved = create_in("team-a", "py", &[]);
+    reserved.env.insert("SANDBOX_ID".into(), "x".into());
+    let mut relative = create_in("team-a", "py", &[]);
+    relative.working_dir = "work".into();
+    let mut unclean = create_in("team-a", "py", &[]);
+    unclean.working_dir = "/a/../etc".into();
+    let mut durable = create_in("team-a", "py", &[]);
+    durable.workspace_id = "ws-nope".into();
+    let rejections: Vec<(&str, pb::CreateSandboxRequest, &str, Code)> = vec![
+        (
+            "env in another namespace",
+            create_in("team-a", "team-b/other", &[]),
+            &op,
+            Code::PermissionDenied,
+        ),
+        ("reserved env name", reserved, &op, Code::InvalidArgument),
+        (
+            "workspace_id with workspaces",
+            both,
+            &op,
+            Code::InvalidArgument,
+        ),
+        ("more than 8 mounts", mounts9, &op, Code::InvalidArgument),
+        ("relative working_dir", relative, &op, Code::InvalidArgument),
+        ("unclean working_dir", unclean, &op, Code::InvalidArgument),
+        ("unknown durable workspace", durable, &op, Code::NotFound),
+        (
+            "unknown environment",
+            create_in("team-a", "nope", &[]),
+            &op,
+            Code::NotFound,
+        ),
+        (
+            "a viewer",
+            create_in("team-a", "py", &[]),
+            &viewer,
+            Code::PermissionDenied,
+        ),
+        (
+            "another namespace's key",
+            create_in("team-a", "py", &[]),
+            &op_b,
+            Code::NotFound,
+        ),
+    ];
+    for (what, req, token, want) in rejections {
+        let got = code(s.create_sandbox(with(req, Some(token))).await);
+        assert_eq!(got, want, "{what}");
+    }
+
+    // A workload from the request's argv: its output, its exit and every change, watched.
+    let script = "import sys, os; print('out', os.environ['FROM_ENV'], os.environ['MINE']); \
+                  print('err', file=sys.stderr); sys.exit(3)";
+    let mut req = create_in("team-a", "py", &["python3", "-c", script]);
+    req.env.insert("MINE".into(), "mine".into());
+    req.labels.insert("owner".into(), "test".into());
+    let sb = s
+        .create_sandbox(with(req, Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(sb.namespace, "team-a");
+    assert_eq!(sb.origin, pb::SandboxOrigin::Platform as i32);
+    assert_eq!(sb.argv[0], "python3");
+    assert_eq!(sb.labels["owner"], "test");
+    let id = sb.sandbox_id.clone();
+    let events = watch_all(&mut s, &id, &viewer, Duration::from_secs(20)).await;
+    let states: Vec<(i32, String)> = events
+        .iter()
+        .map(|e| (e.state, e.state_reason.clone()))
+        .collect();
+    assert!(
+        states.windows(2).all(|w| w[0] != w[1]),
+        "a watch repeats itself: {states:?}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last.state, pb::SandboxState::Running as i32, "{states:?}");
+    assert_eq!(
+        last.state_reason, "workload exited with code 3",
+        "{states:?}"
+    );
+    let log = tail(&mut s, &id, &viewer, 0).await;
+    assert_eq!(
+        markers(&log),
+        [
+            pb::LogMarker::Created,
+            pb::LogMarker::Started,
+            pb::LogMarker::Exited
+        ],
+        "{log:?}"
+    );
+    assert_eq!(text(&log, pb::LogStream::Stdout), "out env mine\n");
+    assert_eq!(text(&log, pb::LogStream::Stderr), "err\n");
+    assert_eq!(log.last().unwrap().exit_code, 3);
+    let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
+    assert_eq!(offsets, (1..=log.len() as u64).collect::<Vec<_>>());
+    // From an offset: only what follows it; limit caps one read.
+    let after = tail(&mut s, &id, &viewer, 2).await;
+    assert_eq!(after[0].offset, 3);
+    let mut one = s
+        .tail_sandbox_logs(with(
+            pb::TailSandboxLogsRequest {
+                sandbox_id: id.clone(),
+                limit: 1,
+                ..Default::default()
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(one.message().await.unwrap().unwrap().offset, 1);
+    assert!(one.message().await.unwrap().is_none());
+    // A sandbox_id is required.
+    let r = s
+        .tail_sandbox_logs(with(pb::TailSandboxLogsRequest::default(), Some(&viewer)))
+        .await;
+    assert_eq!(code(r), Code::InvalidArgument);
+
+    // The environment's default_argv, the image's CMD (/bin/sh, which exits at once without
+    // stdin), and exec_only (no workload at all).
+    let def = s
+        .create_sandbox(with(create_in("team-a", "py", &[]), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(def.argv, ["python3", "-c", "print('default argv')"]);
+    let img = s
+        .create_sandbox(with(create_in("team-a", "image-cmd", &[]), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(img.argv, ["/bin/sh"]);
+    assert_eq!(img.working_dir, "/workspace");
+    let mut eo = create_in("team-a", "py", &[]);
+    eo.exec_only = true;
+    let eo = s
+        .create_sandbox(with(eo, Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(eo.argv.is_empty() && eo.exec_only);
+    wait_state(
+        &mut s,
+        &def.sandbox_id,
+        &viewer,
+        pb::SandboxState::Running,
+        "code 0",
+    )
+    .await;
+    assert_eq!(
+        text(
+            &tail(&mut s, &def.sandbox_id, &viewer, 0).await,
+            pb::LogStream::Stdout
+        ),
+        "default argv\n"
+    );
+    wait_state(
+        &mut s,
+        &img.sandbox_id,
+        &viewer,
+        pb::SandboxState::Running,
+        "code 0",
+    )
+    .await;
+    let eo_sb = wait_state(
+        &mut s,
+        &eo.sandbox_id,
+        &viewer,
+        pb::SandboxState::Running,
+        "",
+    )
+    .await;
+    assert_eq!(eo_sb.state_reason, "");
+    let eo_log = tail(&mut s, &eo.sandbox_id, &viewer, 0).await;
+    assert_eq!(
+        markers(&eo_log),
+        [pb::LogMarker::Created, pb::LogMarker::Started]
+    );
+
+    // Retrying with the same idempotency key returns the first sandbox.
+    let mut idem = create_in("team-a", "py", &[]);
+    idem.idempotency_key = "retry-me".into();
+    let first = s
+        .create_sandbox(with(idem.clone(), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = s
+        .create_sandbox(with(idem, Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.sandbox_id, again.sandbox_id);
+
+    // Get: unknown ids and ids of namespaces the key cannot see are the same NOT_FOUND.
+    let unknown = uuid::Uuid::new_v4().to_string();
+    for (sid, token) in [(&unknown, &op), (&id, &op_b)] {
+        let e = s
+            .get_sandbox(with(
+                pb::GetSandboxRequest {
+                    sandbox_id: sid.clone(),
+                },
+                Some(token),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        assert_eq!(e.message(), format!("sandbox {sid} not found"));
+    }
+    for r in [
+        code(
+            s.delete_sandbox(with(
+                pb::DeleteSandboxRequest {
+                    sandbox_id: id.clone(),
+                },
+                Some(&op_b),
+            ))
+            .await,
+        ),
+        code(
+            s.watch_sandbox(with(
+                pb::WatchSandboxRequest {
+                    sandbox_id: id.clone(),
+                },
+                Some(&op_b),
+            ))
+            .await,
+        ),
+        code(
+            s.tail_sandbox_logs(with(
+                pb::TailSandboxLogsRequest {
+                    sandbox_id: id.clone(),
+                    ..Default::default()
+                },
+                Some(&op_b),
+            ))
+            .await,
+        ),
+    ] {
+        assert_eq!(r, Code::NotFound);
+    }
+    assert_eq!(
+        code(
+            s.delete_sandbox(with(
+                pb::DeleteSandboxRequest {
+                    sandbox_id: id.clone()
+                },
+                Some(&viewer)
+            ))
+            .await
+        ),
+        Code::PermissionDenied
+    );
+
+    // compute.v1 sandboxes show read-only, in namespace = tenant_id.
+    let v1_id = create(&mut v1, create_req("team-a", "v1-session"))
+        .await
+        .sandbox_id;
+    let lister = s.clone();
+    let list = |ns: &str, state: pb::SandboxState, size: u32, token: Option<&str>| {
+        let mut s = lister.clone();
+        let req = with(
+            pb::ListSandboxesRequest {
+                namespace: ns.into(),
+                state: state as i32,
+                page_size: size,
+                page_token: String::new(),
+            },
+            token,
+        );
+        async move { s.list_sandboxes(req).await }
+    };
+    let all = list("team-a", pb::SandboxState::Unspecified, 0, Some(&viewer))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<&str> = all
+        .sandboxes
+        .iter()
+        .map(|s| s.sandbox_id.as_str())
+        .collect();
+    assert_eq!(ids.len(), 6, "{ids:?}");
+    assert_eq!(ids[0], v1_id, "newest first");
+    assert_eq!(ids[5], id);
+    let created: Vec<_> = all
+        .sandboxes
+        .iter()
+        .map(|s| {
+            let t = s.created_at.unwrap();
+            (t.seconds, t.nanos)
+        })
+        .collect();
+    assert!(created.windows(2).all(|w| w[0] >= w[1]), "{created:?}");
+    let v1_sb = &all.sandboxes[0];
+    assert_eq!(v1_sb.origin, pb::SandboxOrigin::ComputeV1 as i32);
+    assert_eq!(v1_sb.namespace, "team-a");
+    let e = s
+        .delete_sandbox(with(
+            pb::DeleteSandboxRequest {
+                sandbox_id: v1_id.clone(),
+            },
+            Some(&op),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(all.next_page_token.is_empty());
+    // The state filter; another namespace's key sees none of it; only a platform admin lists
+    // every namespace.
+    let running = list("team-a", pb::SandboxState::Running, 0, Some(&viewer))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(running
+        .sandboxes
+        .iter()
+        .all(|s| s.state == pb::SandboxState::Running as i32));
+    let pending = list("team-a", pb::SandboxState::Terminated, 0, Some(&viewer))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(pending.sandboxes.is_empty());
+    assert_eq!(
+        code(list("team-a", pb::SandboxState::Unspecified, 0, Some(&op_b)).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(list("", pb::SandboxState::Unspecified, 0, Some(&op)).await),
+        Code::PermissionDenied
+    );
+    let b = s
+        .create_sandbox(with(
+            create_in("team-b", "other", &["sleep", "600"]),
+            Some(&op_b),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut admin = SandboxServiceClient::new(root.clone());
+    let every = admin
+        .list_sandboxes(pb::ListSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let spaces: std::collections::BTreeSet<_> = every
+        .sandboxes
+        .iter()
+        .map(|s| s.namespace.clone())
+        .collect();
+    assert_eq!(spaces.into_iter().collect::<Vec<_>>(), ["team-a", "team-b"]);
+    let bad = s
+        .list_sandboxes(with(
+            pb::ListSandboxesRequest {
+                namespace: "team-a".into(),
+                page_token: "garbage".into(),
+                ..Default::default()
+            },
+            Some(&viewer),
+        ))
+        .await;
+    assert_eq!(code(bad), Code::InvalidArgument);
+
+    // Max lifetime: TERMINATED with its reason, the watch ends, the marker is in the log.
+    let short = s
+        .create_sandbox(with(create_in("team-a", "short", &[]), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(short.expires_at.is_some());
+    let ev = watch_all(&mut s, &short.sandbox_id, &viewer, Duration::from_secs(40)).await;
+    let end = ev.last().unwrap();
+    assert_eq!(end.state, pb::SandboxState::Terminated as i32, "{ev:?}");
+    assert_eq!(end.state_reason, "max lifetime ran out");
+    let sl = tail(&mut s, &short.sandbox_id, &viewer, 0).await;
+    assert_eq!(
+        markers(&sl).last(),
+        Some(&pb::LogMarker::Terminated),
+        "{sl:?}"
+    );
+
+    // Delete: hard, at once; a watcher and a follower see the end; the record and the
+    // workspace are gone; its agent's credential is revoked.
+    let victim = b.sandbox_id.clone();
+    let mut follower = s
+        .tail_sandbox_logs(with(
+            pb::TailSandboxLogsRequest {
+                sandbox_id: victim.clone(),
+                follow: true,
+                ..Default::default()
+            },
+            Some(&op_b),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_state(&mut s, &victim, &op_b, pb::SandboxState::Running, "").await;
+    let mut s2 = s.clone();
+    let op_b2 = op_b.clone();
+    let v2 = victim.clone();
+    let watcher =
+        tokio::spawn(async move { watch_all(&mut s2, &v2, &op_b2, Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ws = d.state_dir().join("workspaces").join(&victim);
+    assert!(ws.exists());
+    let t0 = std::time::Instant::now();
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest {
+            sandbox_id: victim.clone(),
+        },
+        Some(&op_b),
+    ))
+    .await
+    .unwrap();
+    let took = t0.elapsed();
+    let ev = watcher.await.unwrap();
+    let end = ev.last().unwrap();
+    assert_eq!(
+        (end.state, end.state_reason.as_str()),
+        (pb::SandboxState::Terminated as i32, "deleted")
+    );
+    let mut fl = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(10), follower.message())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        fl.push(e);
+    }
+    assert_eq!(markers(&fl).last(), Some(&pb::LogMarker::Deleted), "{fl:?}");
+    assert!(!ws.exists(), "the ephemeral workspace outlived its sandbox");
+    let e = s
+        .get_sandbox(with(
+            pb::GetSandboxRequest {
+                sandbox_id: victim.clone(),
+            },
+            Some(&op_b),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(d
+        .ctr(&["containers", "ls", "-q"])
+        .lines()
+        .all(|l| l.trim() != victim));
+    eprintln!("delete took {took:?}");
+    let audit = d.computectl(&["audit", "--namespace", "team-b", "-o", "json"]);
+    let audit = String::from_utf8_lossy(&audit.stdout).to_string();
+    assert!(
+        audit.contains("DeleteSandbox") && audit.contains(&victim),
+        "{audit}"
     );
 }

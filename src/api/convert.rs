@@ -80,6 +80,7 @@ pub fn create_request(r: pb::CreateSandboxRequest) -> Result<node::CreateRequest
         cpu_millis: limits.cpu_millis,
         memory_bytes: limits.memory_bytes,
         max_runtime,
+        platform: None,
     })
 }
 
@@ -91,6 +92,7 @@ pub fn exec_request(r: pb::ExecCommandRequest) -> Result<exec::ExecRequest, node
         env: r.env.into_iter().collect(),
         working_dir: r.working_dir,
         timeout: r.timeout.as_ref().map(from_duration).transpose()?,
+        workload: false,
     })
 }
 

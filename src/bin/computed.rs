@@ -99,6 +99,11 @@ struct RouterArgs {
     /// --nodes.
     #[arg(long, env = "COMPUTE_ROUTER_PLATFORM_STORE")]
     platform_store: Option<String>,
+    /// A file holding the secret the router shares with its nodes (their `platform_peer_secret`):
+    /// the router checks every platform call itself and hands the node the principal it found
+    /// with this secret. Empty: nodes check the caller's key against their own records.
+    #[arg(long, env = "COMPUTE_ROUTER_PLATFORM_PEER_SECRET", value_parser = maybe_path)]
+    platform_peer_secret: Option<PathBuf>,
     /// A unix socket serving the same as --listen, where uid 0 or the router's own uid is the
     /// platform API's admin (how the first namespace and key are made); empty: none.
     #[arg(
@@ -381,6 +386,15 @@ async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> 
         Some(path) => embedded_platform(PathBuf::from(path)).await?,
         None => embedded_platform(PathBuf::from("/var/lib/computed-router/platform.redb")).await?,
     };
+    let platform = match args.platform_peer_secret.as_deref() {
+        Some(p) if !p.as_os_str().is_empty() => {
+            platform.with_peer_secret(&computed::platform::keys::read_secret(p)?)
+        }
+        _ => platform,
+    }
+    .with_sandboxes(computed::platform::sandboxes::Backend::Cluster(Arc::new(
+        router.clone(),
+    )));
     let tasks = router.tasks().clone();
     let at = service::Listeners {
         listen: args.listen.clone(),

@@ -116,6 +116,13 @@ pub struct Config {
     pub usage_persist_secs: u64,
     /// How long a destroyed sandbox's workspace is kept, in seconds.
     pub workspace_grace_secs: u64,
+    /// Most bytes of a platform sandbox's run log kept on the node's disk (its oldest
+    /// output goes first); `64Mi` by default.
+    pub run_log_retention: ByteSize,
+    /// A file holding the secret this node shares with the routers in front of it: a platform
+    /// call that comes with it carries the principal the router checked (see the router's
+    /// `--platform-peer-secret`). Empty: every platform call needs a key in this node's store.
+    pub platform_peer_secret: PathBuf,
     /// The cgroup filesystem root.
     pub cgroup_root: PathBuf,
     /// Parent cgroup of every sandbox.
@@ -259,6 +266,8 @@ impl Default for Config {
             meter_interval_ms: 5000,
             usage_persist_secs: 30,
             workspace_grace_secs: 24 * 3600,
+            run_log_retention: ByteSize::parse("64Mi").expect("a size"),
+            platform_peer_secret: PathBuf::new(),
             cgroup_root: "/sys/fs/cgroup".into(),
             cgroup_parent: "compute".into(),
             init_helper: "/bin/busybox".into(),

@@ -38,6 +38,9 @@ pub struct CreateRequest {
     pub memory_bytes: u64,
     /// Max runtime; None = default.
     pub max_runtime: Option<Duration>,
+    /// The platform API's part (its max lifetime is the environment's, not bound by the
+    /// node's max_runtime cap).
+    pub platform: Option<Arc<super::platform::PlatformSpec>>,
 }
 
 fn or<T: Clone>(given: T, unset: bool, default: &T) -> T {
@@ -102,7 +105,12 @@ pub fn resolve(cfg: &Config, req: &CreateRequest) -> Result<Resolved> {
     let max_runtime = req
         .max_runtime
         .unwrap_or(Duration::from_secs(cfg.default_max_runtime_secs));
-    if max_runtime.is_zero() || max_runtime > Duration::from_secs(cfg.max_max_runtime_secs) {
+    let cap = if req.platform.is_some() {
+        super::platform::NO_LIFETIME_LIMIT
+    } else {
+        Duration::from_secs(cfg.max_max_runtime_secs)
+    };
+    if max_runtime.is_zero() || max_runtime > cap {
         return invalid(format!(
             "max_runtime must be between 1s and {}s",
             cfg.max_max_runtime_secs
@@ -133,6 +141,7 @@ pub fn resolve(cfg: &Config, req: &CreateRequest) -> Result<Resolved> {
             size,
             mount_path,
         },
+        platform: req.platform.clone(),
     })
 }
 

@@ -213,8 +213,18 @@ impl Node {
                     }
                 }
             }
-            let _g = sb.ops.lock().await;
+            let g = sb.ops.lock().await;
             if sb.status().is_live() {
+                if sb.platform.is_some() {
+                    // A platform sandbox's max lifetime ends it: TERMINATED, not FAILED.
+                    warn!(sandbox_id = %sb.id, "max lifetime ran out");
+                    sb.set_status(sb.status(), "max lifetime ran out");
+                    drop(g);
+                    if let Err(e) = node.destroy(&sb.id).await {
+                        warn!(sandbox_id = %sb.id, error = %e, "could not end the sandbox");
+                    }
+                    return;
+                }
                 warn!(sandbox_id = %sb.id, "max_runtime exceeded");
                 node.fail(&sb, "max_runtime exceeded").await;
             }

@@ -28,9 +28,11 @@ mod helpers;
 pub mod info;
 mod lifecycle;
 mod meter_loop;
+pub mod platform;
 mod pool;
 pub mod record;
 mod recover;
+pub mod runlog;
 pub mod sandbox;
 #[cfg(test)]
 mod tests;
@@ -98,6 +100,8 @@ struct Inner {
     agent_due: Mutex<HashMap<String, std::time::Instant>>,
     /// Pool members being warmed up (not warm yet).
     warming: Mutex<std::collections::HashSet<String>>,
+    /// The platform API's sandboxes: run logs, workloads, deletions.
+    platform: platform::State,
 }
 
 /// The node: sandboxes on this machine. Cheap to clone.
@@ -179,6 +183,7 @@ impl Node {
                     exec_slots: Mutex::default(),
                     agent_due: Mutex::default(),
                     warming: Mutex::default(),
+                    platform: platform::State::default(),
                 }
             }),
         }

@@ -227,6 +227,7 @@ impl Node {
                 workspace: entry_workspace(entry),
                 pool: true,
                 image_digest: digest,
+                platform: None,
             };
             let sb =
                 Arc::new(self.sandbox(def, State::new(Status::Starting, ""), Persisted::default()));

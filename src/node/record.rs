@@ -50,6 +50,14 @@ pub fn labels(def: &Definition) -> HashMap<String, String> {
         (label("pool"), def.pool.to_string()),
         (label("image-digest"), def.image_digest.clone()),
     ])
+    .into_iter()
+    .chain(
+        def.platform
+            .as_deref()
+            .map(super::platform::spec_labels)
+            .unwrap_or_default(),
+    )
+    .collect()
 }
 
 /// The labels that record a failure.
@@ -116,6 +124,7 @@ pub fn from_labels(id: &str, l: &HashMap<String, String>) -> Option<Recorded> {
             },
             pool,
             image_digest: get("image-digest").unwrap_or_default(),
+            platform: super::platform::spec_of_labels(l).map(std::sync::Arc::new),
         },
         status,
         reason,
@@ -150,6 +159,9 @@ pub struct Tombstone {
     pub usage: Usage,
     /// Failure reason, if it had failed before destruction.
     pub reason: String,
+    /// A platform sandbox's definition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<super::platform::PlatformSpec>,
 }
 
 impl Tombstone {
@@ -174,6 +186,7 @@ impl Tombstone {
             workspace: def.workspace.clone(),
             usage,
             reason,
+            platform: def.platform.as_deref().cloned(),
         }
     }
 
@@ -189,6 +202,7 @@ impl Tombstone {
             workspace: self.workspace.clone(),
             pool: false,
             image_digest: String::new(),
+            platform: self.platform.clone().map(std::sync::Arc::new),
         }
     }
 }
@@ -216,6 +230,7 @@ mod tests {
             },
             pool: true,
             image_digest: "sha256:abc".into(),
+            platform: None,
         }
     }
 

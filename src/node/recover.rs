@@ -64,6 +64,9 @@ impl Node {
                 }
                 _ => {}
             }
+            if sb.platform.is_some() {
+                self.recover_platform(sb.clone()).await;
+            }
             // Pool members have no deadline until claimed.
             if !sb.pool {
                 self.spawn_deadline(sb);
@@ -71,6 +74,7 @@ impl Node {
             n += 1;
         }
         self.recover_tombstones().await?;
+        self.gc_run_logs().await;
         Ok(n)
     }
 

@@ -164,6 +164,8 @@ pub struct Definition {
     /// Digest of the image's target when the sandbox was booted (how a claim recognises the
     /// same image under another name, and a re-imported one as different).
     pub image_digest: String,
+    /// What the platform API made it with (None: a compute.v1 sandbox or a pool member).
+    pub platform: Option<Arc<super::platform::PlatformSpec>>,
 }
 
 /// What a request resolves to: the sandbox it asks for, with every default applied and every
@@ -180,6 +182,8 @@ pub struct Resolved {
     pub limits: Limits,
     /// Workspace.
     pub workspace: WorkspaceSpec,
+    /// The platform API's part, if it asks.
+    pub platform: Option<Arc<super::platform::PlatformSpec>>,
 }
 
 impl Resolved {
@@ -200,6 +204,7 @@ impl Resolved {
             workspace: self.workspace.clone(),
             pool: false,
             image_digest,
+            platform: self.platform.clone(),
         }
     }
 }

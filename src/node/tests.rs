@@ -233,6 +233,7 @@ async fn recovery_from_every_state_a_restart_can_find() {
         },
         pool: false,
         image_digest: String::new(),
+        platform: None,
     };
     // (record says failed, task state) → status after recovery, whether it is (re)started
     let cases = [

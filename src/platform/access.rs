@@ -66,8 +66,8 @@ impl Role {
     }
 }
 
-/// Who is calling.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who is calling (serialised only to hand a router's checked principal to a node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Principal {
     /// Root on the node's unix socket: platform admin.
     LocalRoot,

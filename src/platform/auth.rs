@@ -9,6 +9,10 @@
 //! * The key's role bindings come from the store; principals are cached per key id and the
 //!   cache is dropped on any change to keys or bindings ([`Store::watch`]), so a revocation
 //!   or a new binding takes effect at once, also when made through another router replica.
+//! * A router in front of nodes has checked the caller already: it hands the node the
+//!   principal it found (`x-compute-principal`, JSON) with the secret router and nodes share
+//!   (`x-compute-peer`, the `platform_peer_secret` file of both). A node that has the secret
+//!   takes that principal as it is; a wrong or unexpected peer secret is UNAUTHENTICATED.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -39,20 +43,31 @@ pub enum Error {
 }
 
 /// What a call presents.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Credentials<'a> {
     /// The `authorization` metadata value, if any.
     pub authorization: Option<&'a str>,
     /// The call came over the node's (or router's) unix socket from uid 0 or the server's own
     /// uid.
     pub local_root: bool,
+    /// The `x-compute-peer` value, if any: a router's shared secret.
+    pub peer: Option<&'a str>,
+    /// The `x-compute-principal` value a router sends with it.
+    pub delegated: Option<&'a str>,
 }
+
+/// The metadata a router hands a node its checked principal in.
+pub const PEER_HEADER: &str = "x-compute-peer";
+/// See [`PEER_HEADER`].
+pub const PRINCIPAL_HEADER: &str = "x-compute-principal";
 
 /// Resolves principals and checks calls.
 #[derive(Clone)]
 pub struct Authenticator {
     records: Records,
     cache: Arc<Mutex<Cache>>,
+    /// The digest of the secret a router presents with a principal it checked.
+    peer: Option<Arc<String>>,
 }
 
 /// Principals by key id, and a generation bumped whenever they are dropped: an entry read
@@ -96,13 +111,32 @@ impl Authenticator {
                 }
             }
         });
-        Self { records, cache }
+        Self {
+            records,
+            cache,
+            peer: None,
+        }
+    }
+
+    /// Also takes principals handed over by a router presenting `secret`.
+    pub fn with_peer_secret(mut self, secret: &str) -> Self {
+        self.peer = Some(Arc::new(keys::digest(secret)));
+        self
     }
 
     /// Who presents `creds`.
     pub async fn principal(&self, creds: Credentials<'_>) -> Result<Principal, Error> {
         if creds.local_root {
             return Ok(Principal::LocalRoot);
+        }
+        if let Some(secret) = creds.peer {
+            return match &self.peer {
+                Some(d) if keys::matches(secret, d) => creds
+                    .delegated
+                    .and_then(|j| serde_json::from_str(j).ok())
+                    .ok_or(Error::Unauthenticated("a router's call names no principal")),
+                _ => Err(Error::Unauthenticated("invalid peer credential")),
+            };
         }
         let header = creds.authorization.ok_or(Error::Unauthenticated(
             "no credential (authorization: Bearer <key>)",
@@ -217,7 +251,7 @@ mod tests {
     fn with(header: &str) -> Credentials<'_> {
         Credentials {
             authorization: Some(header),
-            local_root: false,
+            ..Default::default()
         }
     }
 
@@ -231,13 +265,7 @@ mod tests {
         let (_, other) = keys::mint().unwrap();
         let wrong_secret = format!("{}{}", &token[..token.len() - 4], "0000");
         let cases: Vec<(Credentials, &str)> = vec![
-            (
-                Credentials {
-                    authorization: None,
-                    local_root: false,
-                },
-                "no credential",
-            ),
+            (Credentials::default(), "no credential"),
             (with(&token), "not 'Bearer"),
             (with("Bearer nonsense"), "invalid key"),
             (with("Basic dXNlcjpwYXNz"), "not 'Bearer"),
@@ -259,8 +287,8 @@ mod tests {
         }
         // Root on the socket needs no key.
         let root = Credentials {
-            authorization: None,
             local_root: true,
+            ..Default::default()
         };
         assert_eq!(auth.principal(root).await.unwrap(), Principal::LocalRoot);
     }
@@ -301,8 +329,8 @@ mod tests {
         ));
         // An unknown RPC is refused whoever calls.
         let root = Credentials {
-            authorization: None,
             local_root: true,
+            ..Default::default()
         };
         assert!(matches!(
             auth.check(root, "/platform.v1.SandboxService/Nope", "")
@@ -327,5 +355,45 @@ mod tests {
                 "{m}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_routers_principal_is_taken_only_with_the_shared_secret() {
+        let (_d, _r, auth) = setup().await;
+        let auth = auth.with_peer_secret("s3cret-of-the-cluster");
+        let p = Principal::Key {
+            key_id: "0123456789abcdef".into(),
+            platform_admin: false,
+            roles: [("team-a".to_string(), Role::Viewer)].into(),
+        };
+        let json = serde_json::to_string(&p).unwrap();
+        let creds = |peer: &'static str, j: Option<&str>| Credentials {
+            peer: Some(peer),
+            delegated: j.map(|j| &*j.to_string().leak()),
+            ..Default::default()
+        };
+        assert_eq!(
+            auth.principal(creds("s3cret-of-the-cluster", Some(&json)))
+                .await
+                .unwrap(),
+            p
+        );
+        for bad in [
+            creds("wrong", Some(&json)),
+            creds("s3cret-of-the-cluster", None),
+        ] {
+            assert!(matches!(
+                auth.principal(bad).await,
+                Err(Error::Unauthenticated(_))
+            ));
+        }
+        // A node without the secret takes no router's word.
+        let (_d2, _r2, plain) = setup().await;
+        assert!(matches!(
+            plain
+                .principal(creds("s3cret-of-the-cluster", Some(&json)))
+                .await,
+            Err(Error::Unauthenticated(_))
+        ));
     }
 }

@@ -49,6 +49,24 @@ pub fn matches(token: &str, stored: &str) -> bool {
 /// The token of an `authorization` value: `Bearer <token>` (the relay's parser).
 pub use crate::relay::auth::bearer;
 
+/// The secret in file `path` (surrounding whitespace dropped); an empty or unreadable file is
+/// an error naming it.
+pub fn read_secret(path: &std::path::Path) -> std::io::Result<String> {
+    let s = std::fs::read_to_string(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let s = s.trim().to_string();
+    if s.len() < 16 || s.chars().any(|c| !c.is_ascii_graphic()) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{}: a peer secret is at least 16 printable ASCII characters",
+                path.display()
+            ),
+        ));
+    }
+    Ok(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 //! The platform API served: AccessService (namespaces, keys, role bindings, WhoAmI, audit)
-//! and EnvironmentService whole; SandboxService and WorkspaceService check who calls and then
-//! answer UNIMPLEMENTED naming the issue that brings the capability.
+//! and EnvironmentService whole; SandboxService's sandboxes (Create, Get, List, Delete, Watch,
+//! TailLogs: [`super::sandboxes`]); the rest of SandboxService and WorkspaceService check who
+//! calls and then answer UNIMPLEMENTED naming the issue that brings the capability.
 //!
 //! Every call goes through [`Platform::gate`] first: credentials → principal → the access
 //! table's rule for the method, in the namespace the request names. Every denied call and
@@ -47,10 +48,17 @@ pub enum Error {
     /// The capability comes later.
     #[error("{0}")]
     Unimplemented(String),
+    /// The node's sandboxes.
+    #[error(transparent)]
+    Node(#[from] crate::node::Error),
 }
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
+        let e = match e {
+            Error::Node(n) => return Status::from(n),
+            e => e,
+        };
         match &e {
             Error::Auth(auth::Error::Unauthenticated(m)) => Status::unauthenticated(*m),
             Error::Auth(auth::Error::PermissionDenied(m)) => Status::permission_denied(m),
@@ -62,6 +70,8 @@ impl From<Error> for Status {
             Error::PermissionDenied(m) => Status::permission_denied(m),
             Error::FailedPrecondition(m) => Status::failed_precondition(m),
             Error::Unimplemented(m) => Status::unimplemented(m),
+            // Mapped above, by the node's own table.
+            Error::Node(n) => Status::internal(n.to_string()),
         }
     }
 }
@@ -82,8 +92,6 @@ type Result<T> = std::result::Result<T, Error>;
 fn later(method: &str) -> String {
     let name = method.rsplit('/').next().unwrap_or(method);
     let what = match name {
-        "CreateSandbox" | "DeleteSandbox" | "GetSandbox" | "ListSandboxes" | "WatchSandbox"
-        | "TailSandboxLogs" => "platform sandboxes and their workloads (issue 17)",
         "ExecInSandbox" => "interactive exec (issue 18)",
         "SuspendSandbox" | "ResumeSandbox" | "KeepSandboxAlive" => {
             "suspend, resume and keep-alive (issue 19)"
@@ -98,14 +106,17 @@ fn later(method: &str) -> String {
 /// The platform's services over one store.
 #[derive(Clone)]
 pub struct Platform {
-    records: Records,
-    auth: Authenticator,
+    pub(super) records: Records,
+    pub(super) auth: Authenticator,
+    pub(super) sandboxes: Option<super::sandboxes::Backend>,
+    /// The secret this router presents to its nodes with the principal it checked.
+    pub(super) peer: Option<Arc<str>>,
 }
 
 /// What a call presents: its `authorization` metadata, and whether it came over a unix socket
 /// of ours from uid 0 or from the uid this process runs as (the node runs as root; the router
 /// pod as 65532, so `kubectl exec` into it is how a cluster's first key is made).
-fn credentials<T>(req: &Request<T>) -> Credentials<'_> {
+pub(super) fn credentials<T>(req: &Request<T>) -> Credentials<'_> {
     Credentials {
         authorization: req
             .metadata()
@@ -116,6 +127,14 @@ fn credentials<T>(req: &Request<T>) -> Credentials<'_> {
             .get::<tonic::transport::server::UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
             .is_some_and(|c| is_local_admin(c.uid())),
+        peer: req
+            .metadata()
+            .get(auth::PEER_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        delegated: req
+            .metadata()
+            .get(auth::PRINCIPAL_HEADER)
+            .and_then(|v| v.to_str().ok()),
     }
 }
 
@@ -149,7 +168,27 @@ impl Platform {
     pub fn new(store: Arc<dyn Store>) -> Self {
         let records = Records::new(store);
         let auth = Authenticator::new(records.clone());
-        Self { records, auth }
+        Self {
+            records,
+            auth,
+            sandboxes: None,
+            peer: None,
+        }
+    }
+
+    /// The same services with their sandboxes on `backend` (this node's, or the router's
+    /// nodes).
+    pub fn with_sandboxes(mut self, backend: super::sandboxes::Backend) -> Self {
+        self.sandboxes = Some(backend);
+        self
+    }
+
+    /// Shares `secret` with the other side of a router-node link: a node takes the principals
+    /// a router checked when they come with it, and a router sends it with them.
+    pub fn with_peer_secret(mut self, secret: &str) -> Self {
+        self.auth = self.auth.with_peer_secret(secret);
+        self.peer = Some(Arc::from(secret));
+        self
     }
 
     /// The records.
@@ -185,7 +224,7 @@ impl Platform {
     }
 
     /// Checks the call; a refusal is audited and returned as its status.
-    async fn gate<T>(
+    pub(super) async fn gate<T>(
         &self,
         req: &Request<T>,
         method: &str,
@@ -208,7 +247,7 @@ impl Platform {
     }
 
     /// Appends an audit event; `status` is the refusal or failure the caller got, if any.
-    async fn audit(
+    pub(super) async fn audit(
         &self,
         principal: &str,
         method: &str,
@@ -238,7 +277,7 @@ impl Platform {
     }
 
     /// Audits a write's outcome and returns it.
-    async fn write<T>(
+    pub(super) async fn write<T>(
         &self,
         p: &Principal,
         method: &str,
@@ -335,7 +374,7 @@ fn resources_of(r: Option<pb::Resources>) -> records::Resources {
     }
 }
 
-fn mounts_of(m: &[pb::WorkspaceMount]) -> Vec<records::Mount> {
+pub(super) fn mounts_of(m: &[pb::WorkspaceMount]) -> Vec<records::Mount> {
     m.iter()
         .map(|m| records::Mount {
             workspace_id: m.workspace_id.clone(),
@@ -377,7 +416,7 @@ fn egress_of(e: &Option<pb::EgressPolicy>) -> Result<Option<records::EgressPolic
     Ok(Some(records::EgressPolicy { rules }))
 }
 
-fn egress_pb(e: &records::EgressPolicy) -> pb::EgressPolicy {
+pub(super) fn egress_pb(e: &records::EgressPolicy) -> pb::EgressPolicy {
     pb::EgressPolicy {
         rules: e
             .rules
@@ -944,7 +983,7 @@ impl pb::environment_service_server::EnvironmentService for Platform {
 // ---------------------------------------------------------------------------------------------
 // SandboxService and WorkspaceService: the gate, then UNIMPLEMENTED until their issues.
 
-type Stream_<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
+pub(super) type Stream_<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
 
 impl Platform {
     /// Checks the call against the namespace it names (`Some`) or only authenticates it (an
@@ -991,44 +1030,37 @@ impl pb::sandbox_service_server::SandboxService for Platform {
         &self,
         req: Request<pb::CreateSandboxRequest>,
     ) -> std::result::Result<Response<pb::Sandbox>, Status> {
-        not_yet!(
-            self,
-            req,
-            "SandboxService",
-            "CreateSandbox",
-            ns = |r: &Request<pb::CreateSandboxRequest>| r.get_ref().namespace.clone()
-        )
+        self.create_sandbox_here(req, method!("SandboxService", "CreateSandbox"))
+            .await
     }
     async fn delete_sandbox(
         &self,
         req: Request<pb::DeleteSandboxRequest>,
     ) -> std::result::Result<Response<pb::DeleteSandboxResponse>, Status> {
-        not_yet!(self, req, "SandboxService", "DeleteSandbox")
+        self.delete_sandbox_here(req, method!("SandboxService", "DeleteSandbox"))
+            .await
     }
     async fn get_sandbox(
         &self,
         req: Request<pb::GetSandboxRequest>,
     ) -> std::result::Result<Response<pb::Sandbox>, Status> {
-        not_yet!(self, req, "SandboxService", "GetSandbox")
+        self.get_sandbox_here(req, method!("SandboxService", "GetSandbox"))
+            .await
     }
     async fn list_sandboxes(
         &self,
         req: Request<pb::ListSandboxesRequest>,
     ) -> std::result::Result<Response<pb::ListSandboxesResponse>, Status> {
-        not_yet!(
-            self,
-            req,
-            "SandboxService",
-            "ListSandboxes",
-            ns = |r: &Request<pb::ListSandboxesRequest>| r.get_ref().namespace.clone()
-        )
+        self.list_sandboxes_here(req, method!("SandboxService", "ListSandboxes"))
+            .await
     }
     type WatchSandboxStream = Stream_<pb::SandboxEvent>;
     async fn watch_sandbox(
         &self,
         req: Request<pb::WatchSandboxRequest>,
     ) -> std::result::Result<Response<Self::WatchSandboxStream>, Status> {
-        not_yet!(self, req, "SandboxService", "WatchSandbox")
+        self.watch_sandbox_here(req, method!("SandboxService", "WatchSandbox"))
+            .await
     }
     type ExecInSandboxStream = Stream_<pb::ExecServerMessage>;
     async fn exec_in_sandbox(
@@ -1060,7 +1092,8 @@ impl pb::sandbox_service_server::SandboxService for Platform {
         &self,
         req: Request<pb::TailSandboxLogsRequest>,
     ) -> std::result::Result<Response<Self::TailSandboxLogsStream>, Status> {
-        not_yet!(self, req, "SandboxService", "TailSandboxLogs")
+        self.tail_logs_here(req, method!("SandboxService", "TailSandboxLogs"))
+            .await
     }
     async fn grant_egress(
         &self,

@@ -25,6 +25,7 @@ mod dial;
 mod health;
 mod owners;
 mod placement;
+mod platform;
 mod relay;
 
 use std::collections::{BTreeMap, HashMap};

@@ -116,6 +116,8 @@ impl FakeRuntime {
                 name: name.into(),
                 chain_id: format!("chain-{digest}"),
                 env: vec!["FROM_IMAGE=1".into()],
+                argv: vec!["/bin/sh".into(), "-c".into(), "echo from the image".into()],
+                working_dir: String::new(),
                 digest: digest.into(),
             },
         );

@@ -34,6 +34,9 @@ pub struct ExecRequest {
     pub working_dir: String,
     /// Timeout; None = the cap.
     pub timeout: Option<Duration>,
+    /// A platform sandbox's workload: it takes no exec slot and its timeout (the sandbox's
+    /// remaining lifetime) is not capped by `exec_timeout_cap_secs`.
+    pub workload: bool,
 }
 
 impl ExecRequest {
@@ -153,7 +156,11 @@ impl Node {
         check(&req)?;
         self.wait_ready(&sb).await?;
         self.not_shutting_down()?;
-        let slot = self.exec_slot(&sb.id)?;
+        let slot = if req.workload {
+            None
+        } else {
+            self.exec_slot(&sb.id)?
+        };
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let node = self.clone();
         let span = tracing::Span::current();
@@ -199,10 +206,13 @@ impl Node {
     fn bounds(&self, sb: &Sandbox, req: &ExecRequest) -> Bounds {
         let cfg = self.config();
         Bounds {
-            timeout: Bounds::clamp_timeout(
-                req.timeout,
-                Duration::from_secs(cfg.exec_timeout_cap_secs),
-            ),
+            timeout: match (req.workload, req.timeout) {
+                (true, Some(t)) => t,
+                _ => Bounds::clamp_timeout(
+                    req.timeout,
+                    Duration::from_secs(cfg.exec_timeout_cap_secs),
+                ),
+            },
             grace: Duration::from_secs(cfg.cancel_grace_secs),
             sample_interval: Duration::from_millis(cfg.sample_interval_ms),
             memory_limit: sb.limits.memory_bytes,
@@ -283,6 +293,7 @@ mod tests {
             env: HashMap::new(),
             working_dir: String::new(),
             timeout: None,
+            workload: false,
         }
     }
 

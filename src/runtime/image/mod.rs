@@ -109,6 +109,12 @@ struct ImageConfig {
 struct ContainerConfig {
     #[serde(rename = "Env", default)]
     env: Option<Vec<String>>,
+    #[serde(rename = "Entrypoint", default)]
+    entrypoint: Option<Vec<String>>,
+    #[serde(rename = "Cmd", default)]
+    cmd: Option<Vec<String>>,
+    #[serde(rename = "WorkingDir", default)]
+    working_dir: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,6 +131,10 @@ pub struct ResolvedImage {
     pub chain_id: String,
     /// The image's default environment.
     pub env: Vec<String>,
+    /// The image's ENTRYPOINT then CMD (the platform's last resort for a workload's argv).
+    pub argv: Vec<String>,
+    /// The image's WorkingDir (empty: none).
+    pub working_dir: String,
     /// The digest of the image record's target (manifest or index): the same image under
     /// another name has the same one, a re-imported image another.
     pub digest: String,
@@ -246,6 +256,13 @@ pub async fn resolve(ctr: &Containerd, name: &str) -> Result<ResolvedImage> {
         name: name.to_string(),
         chain_id,
         env: cc.env.unwrap_or_default(),
+        argv: cc
+            .entrypoint
+            .unwrap_or_default()
+            .into_iter()
+            .chain(cc.cmd.unwrap_or_default())
+            .collect(),
+        working_dir: cc.working_dir.unwrap_or_default(),
         digest,
     })
 }

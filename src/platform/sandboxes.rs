@@ -1,0 +1,811 @@
+//! SandboxService's sandboxes: Create, Get, List, Delete, Watch and TailLogs.
+//!
+//! On a node they are the node's own sandboxes ([`crate::node::platform`]); on the router they
+//! are forwarded to the nodes ([`Cluster`]), the caller's `authorization` passed on unchanged
+//! so that each node checks it again against the records it shares with the router.
+//!
+//! Who may call: every call passes [`Platform::gate`] in the namespace it acts in. An
+//! id-addressed call is authenticated first, then its sandbox is looked up and the caller is
+//! checked in the sandbox's namespace; a namespace the caller cannot see answers exactly as an
+//! unknown id does (`sandbox X not found`), so ids do not leak across namespaces.
+//!
+//! States: a node sandbox STARTING is PENDING, READY is RUNNING, FAILED is FAILED and
+//! DESTROYED is TERMINATED. A workload that exits leaves its sandbox RUNNING (it still takes
+//! execs) with `state_reason` saying how the workload ended.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::access::Principal;
+use super::auth;
+use super::records::{self, Environment, Outcome};
+use super::service::{credentials, Error, Platform, Stream_};
+use crate::api::convert::timestamp;
+use crate::api::platform::v1 as pb;
+use crate::node::platform::{self as np, PlatformSpec, Workload, NO_LIFETIME_LIMIT};
+use crate::node::runlog::{Entry, Kind, Marker};
+use crate::node::{self, Node, Sandbox, Status as NodeStatus};
+
+/// Default and largest page of ListSandboxes.
+const PAGE_DEFAULT: u32 = 100;
+const PAGE_MAX: u32 = 1000;
+/// Default `limit` of TailSandboxLogs.
+const TAIL_LIMIT: u32 = 2000;
+
+/// The router's view of the nodes, for forwarding the platform's sandbox calls.
+#[tonic::async_trait]
+pub trait Cluster: Send + Sync {
+    /// A channel to the node that owns `sandbox_id` (NOT_FOUND when none does).
+    async fn owner(&self, sandbox_id: &str) -> Result<tonic::transport::Channel, Status>;
+    /// Channels to every ready node.
+    fn nodes(&self) -> Vec<tonic::transport::Channel>;
+    /// The nodes (name, channel) that may take a new sandbox keyed by `key`, best first.
+    fn place(&self, namespace: &str, key: &str) -> Vec<(String, tonic::transport::Channel)>;
+    /// Notes that `node` owns `sandbox_id` (it just made it).
+    fn remember(&self, sandbox_id: &str, node: &str);
+}
+
+/// Where the platform's sandboxes live.
+#[derive(Clone)]
+pub enum Backend {
+    /// This node's.
+    Node(Node),
+    /// The nodes behind this router.
+    Cluster(Arc<dyn Cluster>),
+}
+
+/// The gRPC state of a node sandbox.
+pub fn state_of(s: NodeStatus) -> pb::SandboxState {
+    match s {
+        NodeStatus::Starting => pb::SandboxState::Pending,
+        NodeStatus::Ready => pb::SandboxState::Running,
+        NodeStatus::Failed => pb::SandboxState::Failed,
+        NodeStatus::Destroyed => pb::SandboxState::Terminated,
+    }
+}
+
+/// The namespace a node sandbox shows in: its spec's, or a compute.v1 sandbox's tenant.
+fn namespace_of(sb: &Sandbox) -> &str {
+    sb.platform
+        .as_ref()
+        .map(|p| p.namespace.as_str())
+        .unwrap_or(&sb.tenant_id)
+}
+
+/// The API's view of node sandbox `sb`.
+pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
+    let st = sb.state();
+    let deleting = node.is_deleting(&sb.id);
+    let workload = node.workload(&sb.id).borrow().clone();
+    let state = state_of(st.status);
+    let reason = match (st.status, &workload) {
+        (NodeStatus::Destroyed, _) if deleting => "deleted".to_string(),
+        (NodeStatus::Ready, Workload::Exited(c)) => format!("workload exited with code {c}"),
+        (NodeStatus::Ready, Workload::OomKilled) => "workload killed: out of memory".into(),
+        (NodeStatus::Ready, Workload::Lost) => {
+            "workload no longer followed (the node restarted)".into()
+        }
+        _ => st.reason.clone(),
+    };
+    let spec = sb.platform.clone().unwrap_or_default();
+    let max_lifetime = Some(sb.limits.max_runtime).filter(|d| *d < NO_LIFETIME_LIMIT);
+    pb::Sandbox {
+        sandbox_id: sb.id.clone(),
+        namespace: namespace_of(sb).to_string(),
+        environment: spec.environment.clone(),
+        state: state as i32,
+        state_reason: reason,
+        origin: if sb.platform.is_some() {
+            pb::SandboxOrigin::Platform
+        } else {
+            pb::SandboxOrigin::ComputeV1
+        } as i32,
+        argv: spec.argv.clone(),
+        exec_only: spec.exec_only,
+        env: spec.env.clone().into_iter().collect(),
+        working_dir: spec.working_dir.clone(),
+        resources: Some(pb::Resources {
+            cpu_millis: sb.limits.cpu_millis,
+            memory_bytes: sb.limits.memory_bytes,
+            disk_bytes: sb.workspace.size.bytes(),
+        }),
+        workspaces: vec![pb::WorkspaceMount {
+            workspace_id: String::new(),
+            mount_path: sb.workspace.mount_path.clone(),
+            mode: pb::MountMode::ReadWrite as i32,
+            size: sb.workspace.size.to_string(),
+        }],
+        egress_base: spec
+            .egress
+            .clone()
+            .and_then(|v| serde_json::from_value::<records::EgressPolicy>(v).ok())
+            .map(|e| super::service::egress_pb(&e)),
+        egress_grants: Vec::new(),
+        exposures: Vec::new(),
+        idle_suspend_sec: spec.idle_suspend_sec,
+        max_lifetime_sec: spec.max_lifetime_sec,
+        run: 1,
+        node: node.config().node_name.clone(),
+        labels: spec.labels.clone().into_iter().collect(),
+        created_at: Some(timestamp(sb.created_at)),
+        updated_at: Some(timestamp(node.changed_at(&sb.id).unwrap_or(sb.created_at))),
+        idle_suspend_at: None,
+        expires_at: max_lifetime.map(|d| timestamp(sb.created_at + d)),
+    }
+}
+
+fn entry_pb(e: &Entry) -> pb::LogEntry {
+    let (stream, marker) = match e.kind {
+        Kind::Stdout => (pb::LogStream::Stdout, pb::LogMarker::Unspecified),
+        Kind::Stderr => (pb::LogStream::Stderr, pb::LogMarker::Unspecified),
+        Kind::Marker(m) => (
+            pb::LogStream::Marker,
+            match m {
+                Marker::Created => pb::LogMarker::Created,
+                Marker::Started => pb::LogMarker::Started,
+                Marker::Exited => pb::LogMarker::Exited,
+                Marker::OomKilled => pb::LogMarker::OomKilled,
+                Marker::Suspended => pb::LogMarker::Suspended,
+                Marker::Resumed => pb::LogMarker::Resumed,
+                Marker::Failed => pb::LogMarker::Failed,
+                Marker::Terminated => pb::LogMarker::Terminated,
+                Marker::Deleted => pb::LogMarker::Deleted,
+            },
+        ),
+    };
+    pb::LogEntry {
+        offset: e.offset,
+        run: e.run,
+        time: Some(timestamp(e.time)),
+        stream: stream as i32,
+        data: e.data.clone(),
+        marker: marker as i32,
+        exit_code: e.exit_code,
+    }
+}
+
+/// What a CreateSandbox asks for, checked; everything but what needs the environment.
+fn check_create(r: &pb::CreateSandboxRequest) -> Result<(), Error> {
+    let invalid = |m: String| Err(Error::Invalid(records::Invalid(m)));
+    if r.environment.is_empty() {
+        return invalid("environment is required".into());
+    }
+    records::check_env(&r.env.clone().into_iter().collect())?;
+    if !r.working_dir.is_empty() {
+        records::check_clean_abs("working_dir", &r.working_dir)?;
+    }
+    if r.argv.iter().any(|a| a.contains('\0')) {
+        return invalid("argv contains NUL".into());
+    }
+    if !r.workspace_id.is_empty() && !r.workspaces.is_empty() {
+        return invalid("set workspace_id or workspaces, not both".into());
+    }
+    records::check_mounts(&super::service::mounts_of(&r.workspaces))?;
+    if r.idempotency_key.len() > 256 {
+        return invalid("idempotency_key is longer than 256 bytes".into());
+    }
+    Ok(())
+}
+
+/// Splits an environment reference: `name` or `namespace/name`.
+fn environment_ref<'a>(namespace: &'a str, r: &'a str) -> (&'a str, &'a str) {
+    r.split_once('/').unwrap_or((namespace, r))
+}
+
+impl Platform {
+    fn backend(&self) -> Result<&Backend, Status> {
+        self.sandboxes.as_ref().ok_or_else(|| {
+            Status::unimplemented("this server runs no sandboxes (no node behind it)")
+        })
+    }
+
+    /// Authenticates an id-addressed call, finds its sandbox on this node and checks the
+    /// caller in the sandbox's namespace (a hidden one answers NOT_FOUND like a missing id).
+    async fn find(
+        &self,
+        node: &Node,
+        req: &Request<impl Sized>,
+        method: &str,
+        id: &str,
+    ) -> Result<(Principal, Arc<Sandbox>), Status> {
+        if let Err(e) = self.auth.principal(credentials(req)).await {
+            let s = Status::from(Error::Auth(e));
+            self.audit("anonymous", method, "", id, Outcome::Denied, Some(&s))
+                .await;
+            return Err(s);
+        }
+        let not_found = || Status::not_found(format!("sandbox {id} not found"));
+        let sb = match node.get(id) {
+            Ok(sb) if !node.is_deleting(&sb.id) => sb,
+            Ok(_) | Err(node::Error::NotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(e.into()),
+        };
+        match self.gate(req, method, namespace_of(&sb)).await {
+            Ok(p) => Ok((p, sb)),
+            Err(s) if s.code() == tonic::Code::NotFound => Err(not_found()),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// CreateSandbox on this node.
+    pub(super) async fn create_sandbox_here(
+        &self,
+        req: Request<pb::CreateSandboxRequest>,
+        method: &str,
+    ) -> Result<Response<pb::Sandbox>, Status> {
+        let ns = req.get_ref().namespace.clone();
+        let p = self.gate(&req, method, &ns).await?;
+        let node = match self.backend()? {
+            Backend::Node(n) => n.clone(),
+            Backend::Cluster(c) => {
+                let c = c.clone();
+                let r = self.forward_create(c.as_ref(), &req, &p).await;
+                let resource = r.as_ref().map(|s| s.sandbox_id.clone()).unwrap_or_default();
+                return self
+                    .write_status(&p, method, &ns, &resource, r)
+                    .await
+                    .map(Response::new);
+            }
+        };
+        let r = self.create_on(&node, &ns, req.get_ref()).await;
+        let resource = r.as_ref().map(|s| s.id.clone()).unwrap_or_default();
+        self.write(&p, method, &ns, &resource, r)
+            .await
+            .map(|sb| Response::new(sandbox_pb(&node, &sb)))
+    }
+
+    async fn create_on(
+        &self,
+        node: &Node,
+        ns: &str,
+        r: &pb::CreateSandboxRequest,
+    ) -> Result<Arc<Sandbox>, Error> {
+        check_create(r)?;
+        let (env_ns, env_name) = environment_ref(ns, &r.environment);
+        if env_ns != ns {
+            return Err(Error::PermissionDenied(format!(
+                "environment {env_ns}/{env_name} is in another namespace than the sandbox ({ns})"
+            )));
+        }
+        let env: Environment = self
+            .records
+            .get::<Environment>(&format!("{ns}/{env_name}"))
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("environment {ns}/{env_name}")))?;
+        if !r.workspace_id.is_empty() {
+            // Durable workspaces come with issue 22: none exists yet.
+            return Err(Error::NotFound(format!("workspace {}", r.workspace_id)));
+        }
+        let mounts = if r.workspaces.is_empty() {
+            env.workspaces.clone()
+        } else {
+            super::service::mounts_of(&r.workspaces)
+        };
+        records::check_mounts(&mounts)?;
+        if let Some(m) = mounts.iter().find(|m| !m.workspace_id.is_empty()) {
+            return Err(Error::NotFound(format!("workspace {}", m.workspace_id)));
+        }
+        if mounts.len() > 1 {
+            return Err(Error::Unimplemented(format!(
+                "{} ephemeral workspaces: a node sandbox has one workspace mount until durable \
+                 workspaces (issue 22)",
+                mounts.len()
+            )));
+        }
+        let res = match &r.resources {
+            Some(x) => records::Resources {
+                cpu_millis: x.cpu_millis,
+                memory_bytes: x.memory_bytes,
+                disk_bytes: x.disk_bytes,
+            },
+            None => env.resources.clone(),
+        };
+        let mut argv = if !r.argv.is_empty() {
+            r.argv.clone()
+        } else {
+            env.default_argv.clone()
+        };
+        let mut working_dir = if !r.working_dir.is_empty() {
+            r.working_dir.clone()
+        } else {
+            env.working_dir.clone()
+        };
+        if r.exec_only {
+            argv.clear();
+        } else if argv.is_empty() || working_dir.is_empty() {
+            let (image_argv, image_dir) = node.image_argv(&env.image).await?;
+            if argv.is_empty() {
+                argv = image_argv;
+            }
+            if working_dir.is_empty() {
+                working_dir = image_dir;
+            }
+        }
+        if !r.exec_only && argv.is_empty() {
+            return Err(Error::FailedPrecondition(format!(
+                "no workload: the request, environment {env_name} and image {} give no command \
+                 (set argv, or exec_only)",
+                env.image
+            )));
+        }
+        let mut wl_env: BTreeMap<String, String> = env.env.clone();
+        wl_env.extend(r.env.clone());
+        let mount = mounts.first();
+        let size = match mount.map(|m| m.size.as_str()) {
+            Some(s) if !s.is_empty() => s.to_string(),
+            _ if res.disk_bytes > 0 => res.disk_bytes.to_string(),
+            _ => String::new(),
+        };
+        let spec = PlatformSpec {
+            namespace: ns.to_string(),
+            environment: env_name.to_string(),
+            argv,
+            exec_only: r.exec_only,
+            env: wl_env,
+            working_dir,
+            labels: r.labels.clone().into_iter().collect(),
+            max_lifetime_sec: env.max_lifetime_sec,
+            idle_suspend_sec: env.idle_suspend_sec,
+            egress: env
+                .egress
+                .as_ref()
+                .and_then(|e| serde_json::to_value(e).ok()),
+            idempotency_key: r.idempotency_key.clone(),
+        };
+        let session_id = if r.idempotency_key.is_empty() {
+            format!("platform/{}", uuid::Uuid::new_v4())
+        } else {
+            format!("platform/key/{}", r.idempotency_key)
+        };
+        let req = node::CreateRequest {
+            tenant_id: ns.to_string(),
+            session_id,
+            image: env.image.clone(),
+            storage_class: String::new(),
+            size,
+            mount_path: mount.map(|m| m.mount_path.clone()).unwrap_or_default(),
+            cpu_millis: res.cpu_millis,
+            memory_bytes: res.memory_bytes,
+            max_runtime: Some(match env.max_lifetime_sec {
+                0 => NO_LIFETIME_LIMIT,
+                s => Duration::from_secs(u64::from(s)),
+            }),
+            platform: Some(Arc::new(spec)),
+        };
+        Ok(node.create_platform(req).await?)
+    }
+
+    /// GetSandbox.
+    pub(super) async fn get_sandbox_here(
+        &self,
+        req: Request<pb::GetSandboxRequest>,
+        method: &str,
+    ) -> Result<Response<pb::Sandbox>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (_, sb) = self.find(node, &req, method, &id).await?;
+                Ok(Response::new(sandbox_pb(node, &sb)))
+            }
+            Backend::Cluster(c) => {
+                let p = self.authenticated(&req, method).await?;
+                let ch = c.owner(&id).await?;
+                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                cl.get_sandbox(q).await
+            }
+        }
+    }
+
+    /// DeleteSandbox.
+    pub(super) async fn delete_sandbox_here(
+        &self,
+        req: Request<pb::DeleteSandboxRequest>,
+        method: &str,
+    ) -> Result<Response<pb::DeleteSandboxResponse>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (p, sb) = self.find(node, &req, method, &id).await?;
+                let ns = namespace_of(&sb).to_string();
+                let r = node
+                    .delete_platform(&sb.id)
+                    .await
+                    .map_err(Error::from)
+                    .map(|_| pb::DeleteSandboxResponse {});
+                self.write(&p, method, &ns, &id, r).await.map(Response::new)
+            }
+            Backend::Cluster(c) => {
+                let p = self.authenticated(&req, method).await?;
+                let ch = c.owner(&id).await?;
+                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let r = cl.delete_sandbox(q).await.map(|r| r.into_inner());
+                self.write_status(&p, method, "", &id, r)
+                    .await
+                    .map(Response::new)
+            }
+        }
+    }
+
+    /// ListSandboxes.
+    pub(super) async fn list_sandboxes_here(
+        &self,
+        req: Request<pb::ListSandboxesRequest>,
+        method: &str,
+    ) -> Result<Response<pb::ListSandboxesResponse>, Status> {
+        let r = req.get_ref().clone();
+        let p = self.gate(&req, method, &r.namespace).await?;
+        let size = match r.page_size {
+            0 => PAGE_DEFAULT,
+            n => n.min(PAGE_MAX),
+        } as usize;
+        let after = np::parse_page_token(&r.page_token).map_err(Status::from)?;
+        let want = pb::SandboxState::try_from(r.state).unwrap_or(pb::SandboxState::Unspecified);
+        match self.backend()? {
+            Backend::Node(node) => {
+                let all: Vec<Arc<Sandbox>> = node
+                    .platform_sandboxes()
+                    .into_iter()
+                    .filter(|s| {
+                        let ns = namespace_of(s);
+                        (r.namespace.is_empty() || ns == r.namespace) && p.sees(ns)
+                    })
+                    .filter(|s| {
+                        want == pb::SandboxState::Unspecified || state_of(s.status()) == want
+                    })
+                    .collect();
+                let page = np::page_of(all, after.as_ref(), size);
+                Ok(Response::new(pb::ListSandboxesResponse {
+                    sandboxes: page.sandboxes.iter().map(|s| sandbox_pb(node, s)).collect(),
+                    next_page_token: page.next,
+                }))
+            }
+            Backend::Cluster(c) => {
+                // Every node's first page after the token, merged, cut to one page.
+                let mut all: Vec<pb::Sandbox> = Vec::new();
+                let mut calls = Vec::new();
+                for ch in c.nodes() {
+                    let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                    let msg = pb::ListSandboxesRequest {
+                        page_size: size as u32,
+                        ..r.clone()
+                    };
+                    let q = self.to_node(msg, req.metadata(), &p);
+                    calls.push(async move { cl.list_sandboxes(q).await });
+                }
+                for res in futures::future::join_all(calls).await {
+                    match res {
+                        Ok(resp) => all.extend(resp.into_inner().sandboxes),
+                        Err(s) if s.code() == tonic::Code::Unavailable => {
+                            return Err(Status::unavailable(format!(
+                                "a node did not answer the listing: {}",
+                                s.message()
+                            )))
+                        }
+                        Err(s) => return Err(s),
+                    }
+                }
+                let key = |s: &pb::Sandbox| {
+                    let t = s.created_at.unwrap_or_default();
+                    let ns = (t.seconds.max(0) as u128) * 1_000_000_000 + t.nanos.max(0) as u128;
+                    (ns, s.sandbox_id.clone())
+                };
+                all.sort_by_key(|s| std::cmp::Reverse(key(s)));
+                let mut next = String::new();
+                if all.len() > size {
+                    all.truncate(size);
+                    next = all
+                        .last()
+                        .map(|s| np::page_token(&key(s)))
+                        .unwrap_or_default();
+                }
+                Ok(Response::new(pb::ListSandboxesResponse {
+                    sandboxes: all,
+                    next_page_token: next,
+                }))
+            }
+        }
+    }
+
+    /// WatchSandbox: the sandbox now, then on every change of its state or reason, until it
+    /// is TERMINATED. Pushed from the node's own state changes.
+    pub(super) async fn watch_sandbox_here(
+        &self,
+        req: Request<pb::WatchSandboxRequest>,
+        method: &str,
+    ) -> Result<Response<Stream_<pb::SandboxEvent>>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        let node = match self.backend()? {
+            Backend::Node(node) => node.clone(),
+            Backend::Cluster(c) => {
+                let p = self.authenticated(&req, method).await?;
+                let ch = c.owner(&id).await?;
+                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let up = cl.watch_sandbox(q).await?.into_inner();
+                let s: Stream_<pb::SandboxEvent> = Box::pin(up);
+                return Ok(Response::new(s));
+            }
+        };
+        let (_, sb) = self.find(&node, &req, method, &id).await?;
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut st = sb.subscribe();
+            let mut wl = node.workload(&sb.id);
+            let mut last: Option<(i32, String)> = None;
+            loop {
+                let s = sandbox_pb(&node, &sb);
+                let now = (s.state, s.state_reason.clone());
+                if last.as_ref() != Some(&now) {
+                    let end = s.state == pb::SandboxState::Terminated as i32;
+                    let ev = pb::SandboxEvent {
+                        sandbox: Some(s),
+                        observed_at: Some(timestamp(SystemTime::now())),
+                    };
+                    if tx.send(Ok(ev)).await.is_err() || end {
+                        return;
+                    }
+                    last = Some(now);
+                }
+                tokio::select! {
+                    r = st.changed() => if r.is_err() { return },
+                    r = wl.changed() => if r.is_err() {
+                        // The workload's record went with a delete: the state says the rest.
+                        wl = node.workload(&sb.id);
+                    },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        let s: Stream_<pb::SandboxEvent> = Box::pin(ReceiverStream::new(rx));
+        Ok(Response::new(s))
+    }
+
+    /// TailSandboxLogs: the retained run log after `from_offset`, then (with follow) what is
+    /// written next, pushed as it is written; ends after the deleted marker.
+    pub(super) async fn tail_logs_here(
+        &self,
+        req: Request<pb::TailSandboxLogsRequest>,
+        method: &str,
+    ) -> Result<Response<Stream_<pb::LogEntry>>, Status> {
+        let r = req.get_ref().clone();
+        if r.sandbox_id.is_empty() {
+            return Err(Status::invalid_argument("sandbox_id is required"));
+        }
+        let node = match self.backend()? {
+            Backend::Node(node) => node.clone(),
+            Backend::Cluster(c) => {
+                let p = self.authenticated(&req, method).await?;
+                let ch = c.owner(&r.sandbox_id).await?;
+                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let q = self.to_node(r.clone(), req.metadata(), &p);
+                let up = cl.tail_sandbox_logs(q).await?.into_inner();
+                let s: Stream_<pb::LogEntry> = Box::pin(up);
+                return Ok(Response::new(s));
+            }
+        };
+        let (_, sb) = self.find(&node, &req, method, &r.sandbox_id).await?;
+        if sb.platform.is_none() {
+            return Err(Status::failed_precondition(format!(
+                "sandbox {} is a compute.v1 sandbox: it has no run log",
+                sb.id
+            )));
+        }
+        let log = node.run_log(&sb.id).await.map_err(Status::from)?;
+        let limit = match r.limit {
+            0 => TAIL_LIMIT,
+            n => n,
+        } as usize;
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut tip = log.subscribe();
+            let mut after = r.from_offset;
+            loop {
+                tip.borrow_and_update();
+                let l = log.clone();
+                let got = node::blocking(move || l.read(after, r.run, limit)).await;
+                let entries = match got {
+                    Ok(Ok(v)) => v,
+                    Ok(Err(e)) => {
+                        let _ = tx
+                            .send(Err(Status::internal(format!("run log read: {e}"))))
+                            .await;
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let full = entries.len() >= limit;
+                let mut ended = false;
+                for e in &entries {
+                    after = e.offset;
+                    ended |= e.kind.is_final();
+                    if tx.send(Ok(entry_pb(e))).await.is_err() {
+                        return;
+                    }
+                }
+                if ended || !r.follow {
+                    return;
+                }
+                if full || log.tip() > after && r.run == 0 {
+                    continue;
+                }
+                if log.ended() && log.tip() <= after {
+                    return;
+                }
+                tokio::select! {
+                    c = tip.changed() => if c.is_err() { return },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        let s: Stream_<pb::LogEntry> = Box::pin(ReceiverStream::new(rx));
+        Ok(Response::new(s))
+    }
+
+    /// `msg` as it goes to a node for a call of `p` that came with `meta`: the caller's
+    /// `authorization`, and the principal the router found with the secret it shares with
+    /// its nodes.
+    fn to_node<T>(&self, msg: T, meta: &tonic::metadata::MetadataMap, p: &Principal) -> Request<T> {
+        let mut out = Request::new(msg);
+        if let Some(a) = meta.get("authorization") {
+            out.metadata_mut().insert("authorization", a.clone());
+        }
+        if let Some(secret) = &self.peer {
+            let json = serde_json::to_string(p).unwrap_or_default();
+            if let (Ok(s), Ok(j)) = (secret.parse(), json.parse()) {
+                out.metadata_mut().insert(auth::PEER_HEADER, s);
+                out.metadata_mut().insert(auth::PRINCIPAL_HEADER, j);
+            }
+        }
+        out
+    }
+
+    /// Authenticates a call the router forwards (the owning node checks its namespace).
+    async fn authenticated<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
+        match self.auth.principal(credentials(req)).await {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                let s = Status::from(Error::Auth(e));
+                self.audit("anonymous", method, "", "", Outcome::Denied, Some(&s))
+                    .await;
+                Err(s)
+            }
+        }
+    }
+
+    /// Audits a forwarded write's outcome.
+    async fn write_status<T>(
+        &self,
+        p: &Principal,
+        method: &str,
+        namespace: &str,
+        resource: &str,
+        r: Result<T, Status>,
+    ) -> Result<T, Status> {
+        let outcome = match &r {
+            Ok(_) => Outcome::Ok,
+            Err(s) if s.code() == tonic::Code::PermissionDenied => Outcome::Denied,
+            Err(_) => Outcome::Failed,
+        };
+        self.audit(
+            p.name(),
+            method,
+            namespace,
+            resource,
+            outcome,
+            r.as_ref().err(),
+        )
+        .await;
+        r
+    }
+}
+
+impl Platform {
+    /// Creates on the first node of the placement that takes it.
+    async fn forward_create(
+        &self,
+        c: &dyn Cluster,
+        req: &Request<pb::CreateSandboxRequest>,
+        p: &Principal,
+    ) -> Result<pb::Sandbox, Status> {
+        let r = req.get_ref();
+        let key = if r.idempotency_key.is_empty() {
+            uuid::Uuid::new_v4().to_string()
+        } else {
+            r.idempotency_key.clone()
+        };
+        let mut last = Status::unavailable("no node is ready");
+        for (node, ch) in c.place(&r.namespace, &key) {
+            let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+            match cl
+                .create_sandbox(self.to_node(r.clone(), req.metadata(), p))
+                .await
+            {
+                Ok(r) => {
+                    let sb = r.into_inner();
+                    c.remember(&sb.sandbox_id, &node);
+                    return Ok(sb);
+                }
+                // Full or unreachable: the next node may take it.
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+                    ) =>
+                {
+                    last = s
+                }
+                Err(s) => return Err(s),
+            }
+        }
+        Err(last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_refs_split_on_a_slash() {
+        assert_eq!(environment_ref("team-a", "py"), ("team-a", "py"));
+        assert_eq!(environment_ref("team-a", "team-b/py"), ("team-b", "py"));
+    }
+
+    #[test]
+    fn create_requests_are_checked_before_anything_is_looked_up() {
+        let ok = pb::CreateSandboxRequest {
+            namespace: "team-a".into(),
+            environment: "py".into(),
+            ..Default::default()
+        };
+        assert!(check_create(&ok).is_ok());
+        let bad = |f: &dyn Fn(&mut pb::CreateSandboxRequest)| {
+            let mut r = ok.clone();
+            f(&mut r);
+            matches!(check_create(&r), Err(Error::Invalid(_)))
+        };
+        assert!(bad(&|r| r.environment.clear()));
+        assert!(bad(&|r| {
+            r.env.insert("SANDBOX_TOKEN".into(), "x".into());
+        }));
+        assert!(bad(&|r| r.working_dir = "relative".into()));
+        assert!(bad(&|r| r.working_dir = "/a/../b".into()));
+        assert!(bad(&|r| {
+            r.workspace_id = "w".into();
+            r.workspaces.push(pb::WorkspaceMount {
+                mount_path: "/w".into(),
+                ..Default::default()
+            });
+        }));
+        assert!(bad(&|r| {
+            for i in 0..9 {
+                r.workspaces.push(pb::WorkspaceMount {
+                    mount_path: format!("/w{i}"),
+                    ..Default::default()
+                });
+            }
+        }));
+        assert!(bad(&|r| r.argv = vec!["a\0b".into()]));
+    }
+
+    #[test]
+    fn every_node_status_has_a_platform_state() {
+        let states: Vec<_> = NodeStatus::ALL.iter().map(|s| state_of(*s)).collect();
+        assert_eq!(
+            states,
+            [
+                pb::SandboxState::Pending,
+                pb::SandboxState::Running,
+                pb::SandboxState::Failed,
+                pb::SandboxState::Terminated
+            ]
+        );
+    }
+}
