@@ -10,6 +10,7 @@
 mod base;
 mod host;
 mod ours;
+mod platform;
 mod scenarios;
 mod stats;
 mod target;
@@ -66,7 +67,9 @@ struct Args {
     storage_class: String,
     /// Scenario groups to run: cold (create_to_first_output_*, destroy), ready (exec_rtt_true,
     /// write_read_16mib), workloads (what agents run: a Python tool call, a shell pipeline,
-    /// the data stack's import, a burst of 50 execs), platform (the API key gate's added cost),
+    /// the data stack's import, a burst of 50 execs), platform (the API key gate's added cost;
+    /// create from an environment → RUNNING against compute.v1's create → READY; Watch and
+    /// follow latency),
     /// output (stdout throughput, memory with stalled clients), throughput, density.
     #[arg(
         long,
@@ -506,6 +509,77 @@ async fn run(
                 }
             )],
         });
+    }
+
+    if args.runs("platform") {
+        let rounds = plan.creates;
+        eprintln!(
+            "compute-bench: platform sandboxes ({rounds} creates per API in turns, watch, follow)"
+        );
+        let r = match &o_err {
+            Some(e) => Err(anyhow::anyhow!("did not start: {e}")),
+            None => platform::run(ours, rounds).await,
+        };
+        if let Err(e) = &r {
+            eprintln!("compute-bench: platform sandboxes: {e:#}");
+        }
+        let ratio = r.as_ref().ok().and_then(|m| {
+            let p = Dist::of(&m.platform_running_ms, Better::Lower)?;
+            let v = Dist::of(&m.v1_ready_ms, Better::Lower)?;
+            Some((p.p50 / v.p50 * 1000.0).round() / 1000.0)
+        });
+        let mut ours_side = side_of(&r, |m| {
+            Side::measured(Dist::of(&m.platform_running_ms, Better::Lower))
+        });
+        if let Some(x) = ratio {
+            ours_side = ours_side.with("p50_ratio_to_compute_v1", x);
+        }
+        push(Scenario {
+            name: "platform_create_to_running",
+            unit: "ms",
+            better: Better::Lower,
+            ours: ours_side,
+            baseline: side_of(&r, |m| {
+                Side::measured(Dist::of(&m.v1_ready_ms, Better::Lower))
+            }),
+            notes: vec![format!(
+                "one daemon, {rounds} pairs in turns (after a warm-up pair); ours: \
+                 platform.v1 CreateSandbox from an environment (as root on the socket) until a \
+                 WatchSandbox opened after it says RUNNING; baseline: compute.v1 CreateSandbox \
+                 until DescribeSandbox (every 5 ms) says READY, on the same daemon; target: \
+                 p50 ratio <= 1.05{}",
+                ratio
+                    .map(|x| format!(" (measured {x})"))
+                    .unwrap_or_default()
+            )],
+        });
+        for (name, what, pick) in [
+            (
+                "platform_watch_latency",
+                "a state change (the sandbox's updated_at: PENDING -> RUNNING, and the \
+                 workload's exit) until the watcher's event arrives",
+                (|m: &platform::Measured| m.watch_ms.clone())
+                    as fn(&platform::Measured) -> Vec<f64>,
+            ),
+            (
+                "platform_follow_latency",
+                "a line the workload stamps with its clock (200 lines, 20 ms apart) until a \
+                 TailSandboxLogs follower has it",
+                |m: &platform::Measured| m.follow_ms.clone(),
+            ),
+        ] {
+            push(Scenario {
+                name,
+                unit: "ms",
+                better: Better::Lower,
+                ours: side_of(&r, |m| Side::measured(Dist::of(&pick(m), Better::Lower))),
+                baseline: side_of(&r, |_| Side::measured(Some(Dist::single(2000.0)))),
+                notes: vec![format!(
+                    "{what}, on the node; baseline: the spec's service, which polls every 2 s \
+                     (its mean wait is 1 s, its worst 2 s; shown as 2000); target: p50 <= 100 ms"
+                )],
+            });
+        }
     }
 
     if args.runs("output") {

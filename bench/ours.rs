@@ -405,6 +405,11 @@ impl Ours {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// The daemon's unix socket (root on it is the platform admin).
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("compute.sock")
+    }
+
     fn client(&self) -> Result<Client> {
         self.client
             .lock()

@@ -1252,6 +1252,23 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
         .into_inner();
     assert_eq!(one.message().await.unwrap().unwrap().offset, 1);
     assert!(one.message().await.unwrap().is_none());
+    // computectl logs, as root on the socket: stdout and stderr as written, markers on stderr.
+    let o = d.computectl(&["logs", &id]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "out env mine\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("err\n") && err.contains(" exited with code 3"),
+        "{err}"
+    );
+    assert!(
+        err.contains(" created") && err.contains(" started: python3 -c"),
+        "{err}"
+    );
+    let o = d.computectl(&["-o", "json", "logs", &id, "--from", "2"]);
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(first["offset"], 3);
     // A sandbox_id is required.
     let r = s
         .tail_sandbox_logs(with(pb::TailSandboxLogsRequest::default(), Some(&viewer)))
@@ -1511,6 +1528,18 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
     assert!(short.expires_at.is_some());
     let ev = watch_all(&mut s, &short.sandbox_id, &viewer, Duration::from_secs(40)).await;
     let end = ev.last().unwrap();
+    if end.state != pb::SandboxState::Terminated as i32 {
+        let log = d.log_text();
+        let tail: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&short.sandbox_id))
+            .collect();
+        eprintln!(
+            "the daemon log of {}:\n{}",
+            short.sandbox_id,
+            tail.join("\n")
+        );
+    }
     assert_eq!(end.state, pb::SandboxState::Terminated as i32, "{ev:?}");
     assert_eq!(end.state_reason, "max lifetime ran out");
     let sl = tail(&mut s, &short.sandbox_id, &viewer, 0).await;
@@ -1544,6 +1573,18 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let ws = d.state_dir().join("workspaces").join(&victim);
     assert!(ws.exists());
+    // An operator's follower and watcher: both end with the delete.
+    let spawn_ctl = |args: &[&str]| {
+        d.computectl_command()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let ctl_logs = spawn_ctl(&["logs", "-f", &victim]);
+    let ctl_watch = spawn_ctl(&["watch", &victim]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let t0 = std::time::Instant::now();
     s.delete_sandbox(with(
         pb::DeleteSandboxRequest {
@@ -1569,6 +1610,25 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
         fl.push(e);
     }
     assert_eq!(markers(&fl).last(), Some(&pb::LogMarker::Deleted), "{fl:?}");
+    let (logs_out, watch_out) = tokio::task::spawn_blocking(move || {
+        (
+            ctl_logs.wait_with_output().unwrap(),
+            ctl_watch.wait_with_output().unwrap(),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(logs_out.status.success() && watch_out.status.success());
+    assert!(
+        String::from_utf8_lossy(&logs_out.stderr).contains(" deleted"),
+        "{logs_out:?}"
+    );
+    let watched = String::from_utf8_lossy(&watch_out.stdout).to_string();
+    assert!(watched.contains("  RUNNING"), "{watched}");
+    assert!(
+        watched.trim_end().ends_with("TERMINATED  deleted"),
+        "{watched}"
+    );
     assert!(!ws.exists(), "the ephemeral workspace outlived its sandbox");
     let e = s
         .get_sandbox(with(
@@ -1590,5 +1650,398 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
     assert!(
         audit.contains("DeleteSandbox") && audit.contains(&victim),
         "{audit}"
+    );
+}
+
+/// The resident memory of process `pid`, bytes.
+fn rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+fn exec_only(ns: &str, env: &str) -> pb::CreateSandboxRequest {
+    let mut r = create_in(ns, env, &[]);
+    r.exec_only = true;
+    r
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn listing_pages_hold_under_churn_and_a_100mb_workload_keeps_to_its_retention() {
+    need!();
+    let d = start("platform-churn", "run_log_retention = \"8Mi\"");
+    let root = d.local_channel().await;
+    let (op, viewer, _) = sandbox_setup(&root).await;
+    let s = SandboxServiceClient::new(channel(&d.addr).await);
+    let make = |n: usize| {
+        let s = s.clone();
+        let op = op.clone();
+        async move {
+            let calls = (0..n).map(|_| {
+                let mut s = s.clone();
+                let op = op.clone();
+                async move {
+                    s.create_sandbox(with(exec_only("team-a", "py"), Some(&op)))
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .sandbox_id
+                }
+            });
+            futures::future::join_all(calls).await
+        }
+    };
+    // Sandboxes that live through the whole listing, and some that go while it runs.
+    let mut churn = make(4).await;
+    let stable = make(9).await;
+    let mut s1 = s.clone();
+    let (mut seen, mut token, mut pages) = (Vec::<String>::new(), String::new(), 0);
+    loop {
+        let page = s1
+            .list_sandboxes(with(
+                pb::ListSandboxesRequest {
+                    namespace: "team-a".into(),
+                    page_size: 3,
+                    page_token: token.clone(),
+                    ..Default::default()
+                },
+                Some(&viewer),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        assert!(page.sandboxes.len() <= 3);
+        seen.extend(page.sandboxes.iter().map(|s| s.sandbox_id.clone()));
+        // Churn between pages: one made, one deleted.
+        make(1).await;
+        if let Some(gone) = churn.pop() {
+            s1.delete_sandbox(with(
+                pb::DeleteSandboxRequest { sandbox_id: gone },
+                Some(&op),
+            ))
+            .await
+            .unwrap();
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let unique: std::collections::BTreeSet<_> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "a sandbox listed twice: {seen:?}");
+    for id in &stable {
+        assert!(
+            unique.contains(id),
+            "{id} lived through the listing and was missed"
+        );
+    }
+    assert!(pages >= 4, "{pages} pages");
+    // page_size is clamped (1000) and defaults (100): everything fits in one page here.
+    for size in [0, 5000] {
+        let all = s1
+            .list_sandboxes(with(
+                pb::ListSandboxesRequest {
+                    namespace: "team-a".into(),
+                    page_size: size,
+                    ..Default::default()
+                },
+                Some(&viewer),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(all.next_page_token.is_empty());
+        assert!(all.sandboxes.len() >= stable.len() + 4);
+    }
+
+    // A workload that prints 100 MB: the run log keeps to its retention (8 MiB here), the
+    // newest output and the end are there, and the node's memory does not grow with it.
+    let script = "import sys\nb = (b'x' * 65535) + b'\\n'\nfor _ in range(1600): sys.stdout.buffer.write(b)\n";
+    let base = rss(d.pid());
+    let big = s1
+        .create_sandbox(with(
+            create_in("team-a", "py", &["python3", "-c", script]),
+            Some(&op),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    let mut peak = base;
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        peak = peak.max(rss(d.pid()));
+        let sb = s1
+            .get_sandbox(with(
+                pb::GetSandboxRequest {
+                    sandbox_id: big.clone(),
+                },
+                Some(&viewer),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        if sb.state_reason.contains("exited") {
+            assert_eq!(sb.state_reason, "workload exited with code 0");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the 100 MB workload never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dir = d.state_dir().join("runlogs").join(&big);
+    let on_disk: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(on_disk <= (8 << 20) + (256 << 10), "{on_disk} bytes kept");
+    assert!(on_disk >= 4 << 20, "{on_disk} bytes kept");
+    let mut log = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = tail(&mut s1, &big, &viewer, after).await;
+        let Some(last) = page.last() else { break };
+        after = last.offset;
+        log.extend(page);
+    }
+    assert!(log[0].offset > 2, "the oldest output was not dropped");
+    let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
+    assert!(
+        offsets.windows(2).all(|w| w[1] == w[0] + 1),
+        "a gap in what is kept"
+    );
+    assert_eq!(markers(&log), [pb::LogMarker::Exited]);
+    let kept: usize = log.iter().map(|e| e.data.len()).sum();
+    assert!(kept > 4 << 20 && kept <= 8 << 20, "{kept}");
+    let grew = peak.saturating_sub(base);
+    eprintln!("node RSS {base} -> peak {peak} (+{grew}) for 100 MB of output");
+    assert!(
+        grew < 48 << 20,
+        "the node grew by {grew} bytes for 100 MB of output"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_and_tail_through_the_router_resume_across_a_node_restart() {
+    need!();
+    let dir = tempfile::tempdir().unwrap();
+    let peer = peer_secret(dir.path());
+    let node_cfg = format!("platform_peer_secret = {peer:?}");
+    let mut nodes = [
+        start("platform-fa", &node_cfg),
+        start("platform-fb", &node_cfg),
+    ];
+    let list = format!("{},{}", nodes[0].addr, nodes[1].addr);
+    let r = RouterProc::start_with(
+        &list,
+        dir.path(),
+        "platform-follow",
+        &["--platform-peer-secret", peer.to_str().unwrap()],
+    );
+    r.wait_nodes().await;
+    let (op, viewer, op_b) = sandbox_setup(&unix_channel(&r.socket()).await).await;
+    let mut s = SandboxServiceClient::new(channel(&r.addr).await);
+
+    // A workload printing a numbered line every 20 ms.
+    let script =
+        "import time\nfor i in range(300):\n    print(i, flush=True)\n    time.sleep(0.02)\n";
+    let sb = s
+        .create_sandbox(with(
+            create_in("team-a", "py", &["python3", "-c", script]),
+            Some(&op),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = sb.sandbox_id.clone();
+    let owner = nodes
+        .iter()
+        .position(|n| n.state_dir().join("workspaces").join(&id).exists())
+        .expect("a node owns it");
+    // Another namespace's key gets nothing through the router either.
+    let e = s
+        .get_sandbox(with(
+            pb::GetSandboxRequest {
+                sandbox_id: id.clone(),
+            },
+            Some(&op_b),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    // compute.v1 sandboxes on both nodes, and the platform one: a listing through the router
+    // merges every node's, newest first.
+    let mut v1 = Vec::new();
+    for n in &nodes {
+        let mut c = n.client().await;
+        v1.push(
+            create(&mut c, create_req("team-a", "v1-router"))
+                .await
+                .sandbox_id,
+        );
+    }
+    let all = s
+        .list_sandboxes(with(
+            pb::ListSandboxesRequest {
+                namespace: "team-a".into(),
+                ..Default::default()
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<&str> = all
+        .sandboxes
+        .iter()
+        .map(|s| s.sandbox_id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [v1[1].as_str(), v1[0].as_str(), id.as_str()],
+        "{ids:?}"
+    );
+    let page = s
+        .list_sandboxes(with(
+            pb::ListSandboxesRequest {
+                namespace: "team-a".into(),
+                page_size: 2,
+                ..Default::default()
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let rest = s
+        .list_sandboxes(with(
+            pb::ListSandboxesRequest {
+                namespace: "team-a".into(),
+                page_size: 2,
+                page_token: page.next_page_token.clone(),
+                ..Default::default()
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.sandboxes.len() + rest.sandboxes.len(), 3);
+    assert_eq!(rest.sandboxes[0].sandbox_id, id);
+    assert!(rest.next_page_token.is_empty());
+
+    // Follow through the router until ~50 lines are in, then kill -9 the owning node and bring
+    // it back; the follower reconnects from its last offset.
+    let follow = |from: u64| {
+        let mut s = s.clone();
+        let req = with(
+            pb::TailSandboxLogsRequest {
+                sandbox_id: id.clone(),
+                from_offset: from,
+                follow: true,
+                ..Default::default()
+            },
+            Some(&viewer),
+        );
+        async move { s.tail_sandbox_logs(req).await.map(|r| r.into_inner()) }
+    };
+    let mut got: Vec<pb::LogEntry> = Vec::new();
+    let mut st = follow(0).await.unwrap();
+    while text(&got, pb::LogStream::Stdout).lines().count() < 50 {
+        got.push(st.message().await.unwrap().unwrap());
+    }
+    nodes[owner].kill9();
+    // The stream ends (an error or its end) with the node gone.
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(e)) = st.message().await {
+            got.push(e);
+        }
+    })
+    .await;
+    nodes[owner].spawn();
+    r.wait_nodes().await;
+    let mut reconnects = 0;
+    'outer: loop {
+        let last = got.last().map(|e| e.offset).unwrap_or(0);
+        let mut st = match follow(last).await {
+            Ok(st) => st,
+            Err(e) => {
+                reconnects += 1;
+                assert!(reconnects < 100, "never reconnected: {e:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        loop {
+            match tokio::time::timeout(Duration::from_secs(60), st.message()).await {
+                Ok(Ok(Some(e))) => {
+                    let done = e.marker == pb::LogMarker::Exited as i32;
+                    got.push(e);
+                    if done {
+                        break 'outer;
+                    }
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => continue 'outer,
+                Err(_) => panic!("no exit within 60 s: {:?}", markers(&got)),
+            }
+        }
+    }
+    let offsets: Vec<u64> = got.iter().map(|e| e.offset).collect();
+    assert_eq!(
+        offsets,
+        (1..=got.len() as u64).collect::<Vec<_>>(),
+        "lost or repeated entries"
+    );
+    let want: String = (0..300).map(|i| format!("{i}\n")).collect();
+    assert_eq!(
+        text(&got, pb::LogStream::Stdout),
+        want,
+        "output lost across the restart"
+    );
+    assert_eq!(
+        markers(&got),
+        [
+            pb::LogMarker::Created,
+            pb::LogMarker::Started,
+            pb::LogMarker::Exited
+        ]
+    );
+    assert_eq!(got.last().unwrap().exit_code, 0);
+
+    // Watch through the router: the state now, then the delete's end.
+    let mut w = s
+        .watch_sandbox(with(
+            pb::WatchSandboxRequest {
+                sandbox_id: id.clone(),
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = w.message().await.unwrap().unwrap().sandbox.unwrap();
+    assert_eq!(first.state, pb::SandboxState::Running as i32);
+    assert_eq!(first.state_reason, "workload exited with code 0");
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest {
+            sandbox_id: id.clone(),
+        },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    let end = w.message().await.unwrap().unwrap().sandbox.unwrap();
+    assert_eq!(end.state, pb::SandboxState::Terminated as i32);
+    assert!(
+        w.message().await.unwrap().is_none(),
+        "the watch goes on after TERMINATED"
     );
 }

@@ -92,7 +92,7 @@ pub fn exec_request(r: pb::ExecCommandRequest) -> Result<exec::ExecRequest, node
         env: r.env.into_iter().collect(),
         working_dir: r.working_dir,
         timeout: r.timeout.as_ref().map(from_duration).transpose()?,
-        workload: false,
+        workload: None,
     })
 }
 

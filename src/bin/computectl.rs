@@ -94,6 +94,13 @@ enum Cmd {
     Whoami,
     /// The platform API's audit log: every write and every denied call.
     Audit(platform::AuditArgs),
+    /// A platform sandbox's run log: its workload's output and lifecycle markers (-f follows).
+    Logs(platform::LogsArgs),
+    /// A platform sandbox's state changes, until it is TERMINATED.
+    Watch {
+        /// Sandbox id.
+        id: String,
+    },
     /// Check containerd, runsc, cgroups, KVM, disk, config and the daemon.
     Doctor(DoctorArgs),
     /// Print a shell completion script.
@@ -143,6 +150,8 @@ fn main() -> ExitCode {
             Cmd::Env { cmd } => platform::env(&t, cmd).await.map(|_| 0),
             Cmd::Whoami => platform::whoami(&t).await.map(|_| 0),
             Cmd::Audit(a) => platform::audit(&t, a).await.map(|_| 0),
+            Cmd::Logs(a) => platform::logs(&t, a).await.map(|_| 0),
+            Cmd::Watch { id } => platform::watch(&t, &id).await.map(|_| 0),
             Cmd::Doctor(a) => cli::doctor::run(&t, a).await.map(|_| 0),
             Cmd::Completion { .. } => Ok(0),
         }

@@ -1,5 +1,6 @@
-//! `computectl namespace|key|binding|env|whoami|audit`: the platform API's namespaces, API keys,
-//! role bindings, environments and audit log, on the node (root on its unix socket is the
+//! `computectl namespace|key|binding|env|whoami|audit|logs|watch`: the platform API's
+//! namespaces, API keys, role bindings, environments, audit log, and a sandbox's run log and
+//! state changes, on the node (root on its unix socket is the
 //! platform admin) or on a router (`--addr` with `--api-key` / `COMPUTE_API_KEY`).
 
 use std::collections::HashMap;
@@ -47,6 +48,14 @@ impl Target {
     ) -> anyhow::Result<pb::access_service_client::AccessServiceClient<Authed>> {
         let (c, b) = self.authed().await?;
         Ok(pb::access_service_client::AccessServiceClient::with_interceptor(c, b))
+    }
+
+    /// A SandboxService client carrying the API key.
+    pub async fn sandboxes(
+        &self,
+    ) -> anyhow::Result<pb::sandbox_service_client::SandboxServiceClient<Authed>> {
+        let (c, b) = self.authed().await?;
+        Ok(pb::sandbox_service_client::SandboxServiceClient::with_interceptor(c, b))
     }
 
     /// An EnvironmentService client carrying the API key.
@@ -799,6 +808,154 @@ pub async fn audit(t: &Target, a: AuditArgs) -> anyhow::Result<()> {
         ],
         &rows,
     );
+    Ok(())
+}
+
+/// `logs`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// Sandbox id.
+    id: String,
+    /// Stay open and print new output as it is written (until the sandbox is deleted).
+    #[arg(long, short = 'f')]
+    follow: bool,
+    /// Only entries after this offset (0: the oldest kept).
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Only this run of the workload (0: every run).
+    #[arg(long, default_value_t = 0)]
+    run: u32,
+    /// At most this many entries of history (0: the server's 2000).
+    #[arg(long, default_value_t = 0)]
+    limit: u32,
+}
+
+fn marker_name(m: i32) -> &'static str {
+    match pb::LogMarker::try_from(m).unwrap_or(pb::LogMarker::Unspecified) {
+        pb::LogMarker::Created => "created",
+        pb::LogMarker::Started => "started",
+        pb::LogMarker::Exited => "exited",
+        pb::LogMarker::OomKilled => "oom killed",
+        pb::LogMarker::Suspended => "suspended",
+        pb::LogMarker::Resumed => "resumed",
+        pb::LogMarker::Failed => "failed",
+        pb::LogMarker::Terminated => "terminated",
+        pb::LogMarker::Deleted => "deleted",
+        pb::LogMarker::Unspecified => "marker",
+    }
+}
+
+fn state_name(s: i32) -> &'static str {
+    match pb::SandboxState::try_from(s).unwrap_or(pb::SandboxState::Unspecified) {
+        pb::SandboxState::Pending => "PENDING",
+        pb::SandboxState::Running => "RUNNING",
+        pb::SandboxState::Suspending => "SUSPENDING",
+        pb::SandboxState::Suspended => "SUSPENDED",
+        pb::SandboxState::Resuming => "RESUMING",
+        pb::SandboxState::Failed => "FAILED",
+        pb::SandboxState::Terminated => "TERMINATED",
+        pb::SandboxState::Unspecified => "UNSPECIFIED",
+    }
+}
+
+/// `logs`: a platform sandbox's run log. The workload's stdout goes to stdout and its stderr
+/// to stderr, as it wrote them; lifecycle markers are lines of their own on stderr
+/// (`--- exited with code 3`). `-o json` prints one JSON object per entry, with its offset.
+pub async fn logs(t: &Target, a: LogsArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut st = t
+        .sandboxes()
+        .await?
+        .tail_sandbox_logs(pb::TailSandboxLogsRequest {
+            sandbox_id: a.id.clone(),
+            from_offset: a.from,
+            run: a.run,
+            limit: a.limit,
+            follow: a.follow,
+        })
+        .await
+        .answer(&format!("read the run log of {}", a.id))?;
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    while let Some(e) = st
+        .message()
+        .await
+        .map_err(|s| super::status_error("read the run log", s))?
+    {
+        if t.output == Output::Json {
+            let v = serde_json::json!({
+                "offset": e.offset, "run": e.run, "time": time(&e.time),
+                "stream": match pb::LogStream::try_from(e.stream) {
+                    Ok(pb::LogStream::Stdout) => "stdout",
+                    Ok(pb::LogStream::Stderr) => "stderr",
+                    _ => "marker",
+                },
+                "marker": (e.stream == pb::LogStream::Marker as i32).then(|| marker_name(e.marker)),
+                "exit_code": (e.marker == pb::LogMarker::Exited as i32).then_some(e.exit_code),
+                "data": String::from_utf8_lossy(&e.data),
+            });
+            writeln!(out, "{v}")?;
+            out.flush()?;
+            continue;
+        }
+        match pb::LogStream::try_from(e.stream) {
+            Ok(pb::LogStream::Stdout) => {
+                out.write_all(&e.data)?;
+                out.flush()?;
+            }
+            Ok(pb::LogStream::Stderr) => err.write_all(&e.data)?,
+            _ => {
+                let what = match pb::LogMarker::try_from(e.marker) {
+                    Ok(pb::LogMarker::Exited) => format!("exited with code {}", e.exit_code),
+                    _ => marker_name(e.marker).to_string(),
+                };
+                let detail = String::from_utf8_lossy(&e.data);
+                let sep = if detail.is_empty() { "" } else { ": " };
+                writeln!(err, "--- {} {what}{sep}{detail}", time_cell(&e.time))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `watch`: a sandbox's state, then every change of it, until it is TERMINATED; one line per
+/// change (`-o json`: one JSON object per line).
+pub async fn watch(t: &Target, id: &str) -> anyhow::Result<()> {
+    let mut st = t
+        .sandboxes()
+        .await?
+        .watch_sandbox(pb::WatchSandboxRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .answer(&format!("watch {id}"))?;
+    while let Some(ev) = st
+        .message()
+        .await
+        .map_err(|s| super::status_error("watch", s))?
+    {
+        let Some(sb) = ev.sandbox else { continue };
+        if t.output == Output::Json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "observed_at": time(&ev.observed_at), "sandbox_id": sb.sandbox_id,
+                    "namespace": sb.namespace, "state": state_name(sb.state),
+                    "state_reason": sb.state_reason, "node": sb.node,
+                })
+            );
+        } else {
+            let reason = if sb.state_reason.is_empty() {
+                String::new()
+            } else {
+                format!("  {}", sb.state_reason)
+            };
+            println!(
+                "{}  {}{reason}",
+                time_cell(&ev.observed_at),
+                state_name(sb.state)
+            );
+        }
+    }
     Ok(())
 }
 

@@ -219,9 +219,19 @@ impl Node {
                     // A platform sandbox's max lifetime ends it: TERMINATED, not FAILED.
                     warn!(sandbox_id = %sb.id, "max lifetime ran out");
                     sb.set_status(sb.status(), "max lifetime ran out");
+                    // Its teardown is under way: an exit seen now is not a failure.
+                    sb.cancel.cancel();
                     drop(g);
-                    if let Err(e) = node.destroy(&sb.id).await {
-                        warn!(sandbox_id = %sb.id, error = %e, "could not end the sandbox");
+                    // A teardown that fails (containerd busy, runsc slow) is tried again.
+                    for wait in [1, 2, 4, 8, 16, 30, 60] {
+                        match node.destroy(&sb.id).await {
+                            Ok(_) | Err(Error::NotFound(_)) => return,
+                            Err(e) => {
+                                warn!(sandbox_id = %sb.id, error = %e, retry_in_s = wait,
+                                      "could not end the sandbox at its max lifetime")
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_secs(wait)).await;
                     }
                     return;
                 }
@@ -242,7 +252,8 @@ impl Node {
                 match node.inner.rt.wait_exit(&sb.id).await {
                     Ok(code) => {
                         let _g = sb.ops.lock().await;
-                        if sb.status() == Status::Ready {
+                        // A cancelled sandbox is being destroyed: its exit is the teardown's.
+                        if sb.status() == Status::Ready && !sb.cancel.is_cancelled() {
                             warn!(sandbox_id = %sb.id, code, "sandbox exited");
                             node.fail(&sb, &format!("sandbox exited with status {code}"))
                                 .await;

@@ -23,10 +23,14 @@ use tracing::{info, instrument, warn};
 use super::exec::{ExecEvent, ExecRequest};
 use super::runlog::{Kind, Marker, RunLog};
 use super::{blocking, record, Error, Node, Result, Sandbox, Status};
+use crate::flow::Hold;
 use crate::volume;
 
 /// The max lifetime of a platform sandbox whose environment sets none (0 = no limit).
 pub const NO_LIFETIME_LIMIT: Duration = Duration::from_secs(u32::MAX as u64);
+
+/// The file beside a run log holding the agent's request id of the workload.
+const WORKLOAD_FILE: &str = "workload";
 
 /// How long a deleted sandbox's run log stays on disk for followers to read its last entry.
 const DELETED_LOG_KEEP: Duration = Duration::from_secs(30);
@@ -184,6 +188,21 @@ pub fn page_of(mut all: Vec<Arc<Sandbox>>, after: Option<&(u128, String)>, size:
     Page { sandboxes: v, next }
 }
 
+/// Appends one chunk of workload output; its hold goes once it is on disk (the agent's window
+/// opens again then).
+async fn append_output(sb: &Sandbox, log: &Arc<RunLog>, kind: Kind, data: Vec<u8>, hold: Hold) {
+    let l = log.clone();
+    let r = blocking(move || {
+        let r = l.append(1, kind, &data, 0);
+        drop(hold);
+        r
+    })
+    .await;
+    if !matches!(r, Ok(Ok(_))) {
+        warn!(sandbox_id = %sb.id, "could not write workload output to the run log");
+    }
+}
+
 impl Node {
     fn runlog_dir(&self, id: &str) -> std::path::PathBuf {
         self.config().state_dir.join("runlogs").join(id)
@@ -309,7 +328,13 @@ impl Node {
         });
         let workload = match exited {
             Some(w) => w,
-            None if started && !sb.platform.as_ref().is_some_and(|p| p.exec_only) => Workload::Lost,
+            None if started && !sb.platform.as_ref().is_some_and(|p| p.exec_only) => {
+                if sb.status().is_live() && self.adopt_workload(sb.clone()).await {
+                    Workload::Running
+                } else {
+                    Workload::Lost
+                }
+            }
             None => Workload::None,
         };
         self.set_workload(&sb.id, workload);
@@ -366,7 +391,8 @@ impl Node {
     }
 
     /// Runs the workload (or, with exec_only, only marks the sandbox started) and writes its
-    /// output and its end to the run log.
+    /// output and its end to the run log. The agent's request id of the workload is kept
+    /// beside the log, so that a daemon after a restart takes its output up again.
     async fn run_workload(&self, sb: Arc<Sandbox>) {
         let Some(spec) = sb.platform.clone() else {
             return;
@@ -376,16 +402,20 @@ impl Node {
                 .await;
             return;
         }
+        // The sandbox's max lifetime ends it (TERMINATED); the exec's own timeout only
+        // backs that up.
         let left = (sb.created_at + sb.limits.max_runtime)
             .duration_since(SystemTime::now())
-            .unwrap_or(Duration::from_secs(1));
+            .unwrap_or(Duration::from_secs(1))
+            .saturating_add(Duration::from_secs(30));
+        let req_id = super::exec::agent::rand_id();
         let req = ExecRequest {
             command: spec.argv[0].clone(),
             args: spec.argv[1..].to_vec(),
             env: spec.env.clone().into_iter().collect(),
             working_dir: spec.working_dir.clone(),
             timeout: Some(left),
-            workload: true,
+            workload: Some(req_id),
         };
         let log = match self.run_log(&sb.id).await {
             Ok(l) => l,
@@ -394,6 +424,8 @@ impl Node {
                 return;
             }
         };
+        let id_file = self.runlog_dir(&sb.id).join(WORKLOAD_FILE);
+        let _ = blocking(move || std::fs::write(id_file, req_id.to_string())).await;
         let mut rx = match self.exec(&sb.id, req).await {
             Ok(rx) => rx,
             Err(e) => {
@@ -411,26 +443,18 @@ impl Node {
         self.set_workload(&sb.id, Workload::Running);
         self.mark(&sb, Kind::Marker(Marker::Started), spec.argv.join(" "), 0)
             .await;
-        info!(sandbox_id = %sb.id, "workload started");
+        info!(sandbox_id = %sb.id, req_id, "workload started");
         let mut end = Workload::Lost;
         while let Some(ev) = rx.recv().await {
             let (kind, data, hold) = match ev {
                 ExecEvent::Stdout(d, _, h) => (Kind::Stdout, d, h),
                 ExecEvent::Stderr(d, _, h) => (Kind::Stderr, d, h),
                 ExecEvent::Completed(c, _) => {
-                    let (kind, w) = if c.oom_killed {
-                        (Marker::OomKilled, Workload::OomKilled)
+                    end = if c.oom_killed {
+                        Workload::OomKilled
                     } else {
-                        (Marker::Exited, Workload::Exited(c.exit_code))
+                        Workload::Exited(c.exit_code)
                     };
-                    let detail = if c.timed_out {
-                        "max lifetime".to_string()
-                    } else {
-                        String::new()
-                    };
-                    self.mark(&sb, Kind::Marker(kind), detail, c.exit_code)
-                        .await;
-                    end = w;
                     break;
                 }
                 ExecEvent::Failed(e) => {
@@ -438,20 +462,79 @@ impl Node {
                     break;
                 }
             };
-            let l = log.clone();
-            // The chunk's hold goes with it: the agent's window opens once it is on disk.
-            let r = blocking(move || {
-                let r = l.append(1, kind, &data, 0);
-                drop(hold);
-                r
-            })
-            .await;
-            if !matches!(r, Ok(Ok(_))) {
-                warn!(sandbox_id = %sb.id, "could not write workload output to the run log");
+            append_output(&sb, &log, kind, data, hold).await;
+        }
+        self.workload_ended(&sb, end).await;
+    }
+
+    /// Marks how a workload ended (its exit in the run log) and publishes it.
+    async fn workload_ended(&self, sb: &Sandbox, end: Workload) {
+        match end {
+            Workload::Exited(code) => {
+                self.mark(sb, Kind::Marker(Marker::Exited), String::new(), code)
+                    .await
             }
+            Workload::OomKilled => {
+                self.mark(sb, Kind::Marker(Marker::OomKilled), String::new(), 137)
+                    .await
+            }
+            _ => {}
         }
         info!(sandbox_id = %sb.id, workload = ?end, "workload ended");
         self.set_workload(&sb.id, end);
+    }
+
+    /// Takes up, after a restart, the output of a workload the agent still runs (started by
+    /// the daemon before): it goes on to the run log, and its end is marked as ever.
+    async fn adopt_workload(&self, sb: Arc<Sandbox>) -> bool {
+        let id_file = self.runlog_dir(&sb.id).join(WORKLOAD_FILE);
+        let req_id = blocking(move || std::fs::read_to_string(id_file))
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        let Some(req_id) = req_id else {
+            return false;
+        };
+        let Ok(log) = self.run_log(&sb.id).await else {
+            return false;
+        };
+        // Registered before the agent's link is read, so nothing it sends is dropped.
+        let mut events = self.relay().adopt_on_agent(&sb.id, req_id);
+        info!(sandbox_id = %sb.id, req_id, "workload taken up after a restart");
+        let node = self.clone();
+        self.inner.tasks.spawn(async move {
+            use crate::api::sandbox::v1::{exec_event::Event, Stream};
+            let mut end = Workload::Lost;
+            while let Some((ev, hold)) = events.recv().await {
+                match ev.event {
+                    Some(Event::Chunk(c)) => {
+                        let kind = if c.stream == Stream::Stderr as i32 {
+                            Kind::Stderr
+                        } else {
+                            Kind::Stdout
+                        };
+                        append_output(&sb, &log, kind, c.data, hold).await;
+                    }
+                    Some(Event::End(e)) => {
+                        // A negative code is the signal that ended it: 128 + n, as a shell says.
+                        end = Workload::Exited(if e.exit_code < 0 {
+                            128 - e.exit_code
+                        } else {
+                            e.exit_code
+                        });
+                        break;
+                    }
+                    Some(Event::Error(e)) => {
+                        warn!(sandbox_id = %sb.id, error = %e.message, "workload lost");
+                        break;
+                    }
+                    None => {}
+                }
+            }
+            node.workload_ended(&sb, end).await;
+        });
+        true
     }
 
     /// DeleteSandbox of the platform API: hard-kills the sandbox (no flush), deletes its

@@ -54,6 +54,11 @@ impl Node {
                 }
                 t.by_id.insert(sb.id.clone(), sb.clone());
             }
+            // Before the agent's link is up: a workload it still runs is taken up from its
+            // first frame.
+            if sb.platform.is_some() {
+                self.recover_platform(sb.clone()).await;
+            }
             match sb.status() {
                 Status::Starting => self.spawn_provision(sb.clone()),
                 Status::Ready => {
@@ -63,9 +68,6 @@ impl Node {
                     }
                 }
                 _ => {}
-            }
-            if sb.platform.is_some() {
-                self.recover_platform(sb.clone()).await;
             }
             // Pool members have no deadline until claimed.
             if !sb.pool {

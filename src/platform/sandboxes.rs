@@ -34,6 +34,9 @@ use crate::node::{self, Node, Sandbox, Status as NodeStatus};
 /// Default and largest page of ListSandboxes.
 const PAGE_DEFAULT: u32 = 100;
 const PAGE_MAX: u32 = 1000;
+/// The binary metadata a router hands a node the environment of a create in (JSON), with the
+/// peer secret.
+const ENVIRONMENT_HEADER: &str = "x-compute-environment-bin";
 /// Default `limit` of TailSandboxLogs.
 const TAIL_LIMIT: u32 = 2000;
 
@@ -252,7 +255,15 @@ impl Platform {
                     .map(Response::new);
             }
         };
-        let r = self.create_on(&node, &ns, req.get_ref()).await;
+        // A router that checked the call hands over the environment from its records.
+        let handed = req
+            .metadata()
+            .contains_key(auth::PEER_HEADER)
+            .then(|| req.metadata().get_bin(ENVIRONMENT_HEADER))
+            .flatten()
+            .and_then(|v| v.to_bytes().ok())
+            .and_then(|b| serde_json::from_slice::<Environment>(&b).ok());
+        let r = self.create_on(&node, &ns, req.get_ref(), handed).await;
         let resource = r.as_ref().map(|s| s.id.clone()).unwrap_or_default();
         self.write(&p, method, &ns, &resource, r)
             .await
@@ -264,19 +275,16 @@ impl Platform {
         node: &Node,
         ns: &str,
         r: &pb::CreateSandboxRequest,
+        handed: Option<Environment>,
     ) -> Result<Arc<Sandbox>, Error> {
-        check_create(r)?;
-        let (env_ns, env_name) = environment_ref(ns, &r.environment);
-        if env_ns != ns {
-            return Err(Error::PermissionDenied(format!(
-                "environment {env_ns}/{env_name} is in another namespace than the sandbox ({ns})"
-            )));
-        }
-        let env: Environment = self
-            .records
-            .get::<Environment>(&format!("{ns}/{env_name}"))
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("environment {ns}/{env_name}")))?;
+        let env = match handed {
+            Some(e) if e.namespace == ns && e.name == environment_ref(ns, &r.environment).1 => {
+                check_create(r)?;
+                e
+            }
+            _ => self.environment_for(ns, r).await?,
+        };
+        let env_name = env.name.as_str();
         if !r.workspace_id.is_empty() {
             // Durable workspaces come with issue 22: none exists yet.
             return Err(Error::NotFound(format!("workspace {}", r.workspace_id)));
@@ -378,6 +386,26 @@ impl Platform {
             platform: Some(Arc::new(spec)),
         };
         Ok(node.create_platform(req).await?)
+    }
+
+    /// The environment a create names, after the checks that need none: NOT_FOUND when it
+    /// is missing, PERMISSION_DENIED when it is another namespace's.
+    async fn environment_for(
+        &self,
+        ns: &str,
+        r: &pb::CreateSandboxRequest,
+    ) -> Result<Environment, Error> {
+        check_create(r)?;
+        let (env_ns, env_name) = environment_ref(ns, &r.environment);
+        if env_ns != ns {
+            return Err(Error::PermissionDenied(format!(
+                "environment {env_ns}/{env_name} is in another namespace than the sandbox ({ns})"
+            )));
+        }
+        self.records
+            .get::<Environment>(&format!("{ns}/{env_name}"))
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("environment {ns}/{env_name}")))
     }
 
     /// GetSandbox.
@@ -715,6 +743,11 @@ impl Platform {
         p: &Principal,
     ) -> Result<pb::Sandbox, Status> {
         let r = req.get_ref();
+        let env = self
+            .environment_for(&r.namespace, r)
+            .await
+            .map_err(Status::from)?;
+        let env_json = serde_json::to_vec(&env).unwrap_or_default();
         let key = if r.idempotency_key.is_empty() {
             uuid::Uuid::new_v4().to_string()
         } else {
@@ -723,10 +756,14 @@ impl Platform {
         let mut last = Status::unavailable("no node is ready");
         for (node, ch) in c.place(&r.namespace, &key) {
             let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
-            match cl
-                .create_sandbox(self.to_node(r.clone(), req.metadata(), p))
-                .await
-            {
+            let mut q = self.to_node(r.clone(), req.metadata(), p);
+            if self.peer.is_some() {
+                q.metadata_mut().insert_bin(
+                    ENVIRONMENT_HEADER,
+                    tonic::metadata::MetadataValue::from_bytes(&env_json),
+                );
+            }
+            match cl.create_sandbox(q).await {
                 Ok(r) => {
                     let sb = r.into_inner();
                     c.remember(&sb.sandbox_id, &node);

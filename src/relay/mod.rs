@@ -50,7 +50,7 @@ use crate::tasks::Tasks;
 pub use error::Error;
 use pb::server_frame::Msg as ServerMsg;
 use pb::worker_frame::Msg as WorkerMsg;
-use worker::{error_event, lock, Inflight};
+use worker::{error_event, lock, EventTx, Inflight};
 pub use worker::{Origin, Worker, AGENT_TRUST};
 
 /// Most stdout a `streaming=false` exec collects for its End (the largest message).
@@ -113,6 +113,9 @@ struct Inner {
     credentials: auth::Credentials,
     hosted: Hosted,
     attached: Notify,
+    /// Execs of an agent's earlier link (before a daemon restart) whose output is taken up
+    /// again when the agent attaches: sandbox_id → (req_id, where the events go).
+    adopted: Mutex<HashMap<String, Vec<(u64, EventTx)>>>,
     next_id: std::sync::atomic::AtomicU64,
     tasks: Tasks,
 }
@@ -141,6 +144,7 @@ impl Relay {
                 credentials,
                 hosted,
                 attached: Notify::new(),
+                adopted: Mutex::new(HashMap::new()),
                 next_id: Default::default(),
                 tasks: tasks.clone(),
             }),
@@ -272,6 +276,13 @@ impl Relay {
             credit: (origin == Origin::Agent).then_some(credit_tx),
         });
         let old = lock(self.registry(origin)).insert(w.hello.sandbox_id.clone(), w.clone());
+        if origin == Origin::Agent {
+            // After the insert: an adoption racing this either sees the agent or is drained.
+            let adopted = lock(&self.inner.adopted).remove(&w.hello.sandbox_id);
+            for (req_id, tx) in adopted.unwrap_or_default() {
+                self.adopt_into(&w, req_id, tx);
+            }
+        }
         if let Some(old) = old {
             info!(sandbox_id = %w.hello.sandbox_id, origin = origin.word(), "worker replaced by a new Hello");
             old.fail_all("worker replaced");
@@ -510,6 +521,47 @@ impl Relay {
             }
         });
         Ok(Events { rx })
+    }
+
+    /// Takes up the output of exec `req_id` that the agent of `sandbox_id` started for an
+    /// earlier daemon (it runs on across a restart): its chunks and its end come as the events
+    /// of a new exec, from the agent's link now or, if it has not attached yet, once it does.
+    /// What the agent wrote while no daemon read it is in its pipe; a chunk half-read by the
+    /// daemon that died is lost.
+    pub fn adopt_on_agent(&self, sandbox_id: &str, req_id: u64) -> Events {
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Under the adoption lock: an agent attaching now either finds it pending or is seen.
+        let mut pending = lock(&self.inner.adopted);
+        match self.agent(sandbox_id) {
+            Some(w) => {
+                drop(pending);
+                self.adopt_into(&w, req_id, tx);
+            }
+            None => pending
+                .entry(sandbox_id.to_string())
+                .or_default()
+                .push((req_id, tx)),
+        }
+        Events { rx }
+    }
+
+    fn adopt_into(&self, w: &Arc<Worker>, req_id: u64, tx: EventTx) {
+        let window = match &w.credit {
+            Some(credit) => {
+                Window::with_credit(self.inner.settings.exec_window, req_id, credit.clone())
+            }
+            None => Window::new(self.inner.settings.worker_exec_buffer),
+        };
+        lock(&w.inflight).insert(
+            req_id,
+            Inflight {
+                tx,
+                streaming: true,
+                stdout: Vec::new(),
+                window,
+            },
+        );
+        info!(sandbox_id = %w.hello.sandbox_id, req_id, "exec of an earlier link taken up");
     }
 
     async fn send_abort(&self, w: &Worker, req_id: u64) {

@@ -59,11 +59,15 @@ impl AgentExec {
             .filter(|t| *t > 0)
             .unwrap_or(cap);
         // A workload lives as long as its sandbox may: no exec cap on the agent's backstop.
-        let cap = if req.workload { u64::MAX } else { cap };
+        let cap = if req.workload.is_some() {
+            u64::MAX
+        } else {
+            cap
+        };
         Some(Self {
             relay: node.relay().clone(),
             sandbox_id: sb.id.clone(),
-            req_id: rand_id(),
+            req_id: req.workload.unwrap_or_else(rand_id),
             command,
             backstop_secs: u32::try_from(timeout.min(cap).saturating_add(30)).unwrap_or(u32::MAX),
             aborts: 0,
@@ -191,7 +195,7 @@ mod tests {
                 .collect::<HashMap<_, _>>(),
             working_dir: String::new(),
             timeout: None,
-            workload: false,
+            workload: None,
         };
         let s = shell_command(&req, "/work space").unwrap();
         assert!(s.contains("export A_B='x'\\''y';"));

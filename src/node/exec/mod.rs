@@ -34,9 +34,10 @@ pub struct ExecRequest {
     pub working_dir: String,
     /// Timeout; None = the cap.
     pub timeout: Option<Duration>,
-    /// A platform sandbox's workload: it takes no exec slot and its timeout (the sandbox's
-    /// remaining lifetime) is not capped by `exec_timeout_cap_secs`.
-    pub workload: bool,
+    /// A platform sandbox's workload, with the request id its agent knows it by (so that a
+    /// daemon after a restart can take its output up again): it takes no exec slot and its
+    /// timeout (the sandbox's remaining lifetime) is not capped by `exec_timeout_cap_secs`.
+    pub workload: Option<u64>,
 }
 
 impl ExecRequest {
@@ -156,7 +157,7 @@ impl Node {
         check(&req)?;
         self.wait_ready(&sb).await?;
         self.not_shutting_down()?;
-        let slot = if req.workload {
+        let slot = if req.workload.is_some() {
             None
         } else {
             self.exec_slot(&sb.id)?
@@ -207,7 +208,7 @@ impl Node {
         let cfg = self.config();
         Bounds {
             timeout: match (req.workload, req.timeout) {
-                (true, Some(t)) => t,
+                (Some(_), Some(t)) => t,
                 _ => Bounds::clamp_timeout(
                     req.timeout,
                     Duration::from_secs(cfg.exec_timeout_cap_secs),
@@ -293,7 +294,7 @@ mod tests {
             env: HashMap::new(),
             working_dir: String::new(),
             timeout: None,
-            workload: false,
+            workload: None,
         }
     }
 
