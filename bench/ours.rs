@@ -61,12 +61,19 @@ impl Ours {
              containerd_socket = {containerd:?}\nnamespace = {namespace:?}\n\
              state_dir = {state:?}\nrun_dir = {run:?}\nruntime = \"auto\"\n\
              runsc_path = {runsc:?}\nsandbox_image = {IMAGE:?}\ngc_interval_secs = 0\n\
-             agent_binary = {agent:?}\nrunsc_platform = {platform:?}\n",
+             agent_binary = {agent:?}\nrunsc_platform = {platform:?}\n\
+             platform_peer_secret = {peer:?}\n",
+            peer = dir.join("peer-secret"),
             socket = dir.join("compute.sock"),
             state = dir.join("state"),
             run = dir.join("run"),
         );
         std::fs::write(&config, &toml).with_context(|| format!("write {}", config.display()))?;
+        // The secret a router in front shares with it (the platform scenario's router).
+        std::fs::write(
+            dir.join("peer-secret"),
+            format!("{}\n", uuid::Uuid::new_v4().simple()),
+        )?;
         Ok(Ours {
             computed: computed.to_path_buf(),
             image_tar: image_tar.to_path_buf(),
@@ -403,6 +410,11 @@ impl Ours {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// The daemon's TCP address, its `computed` binary and its scratch directory.
+    pub fn parts(&self) -> (&str, &Path, &Path) {
+        (&self.addr, &self.computed, &self.dir)
     }
 
     /// The daemon's unix socket (root on it is the platform admin).

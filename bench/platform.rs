@@ -1,6 +1,7 @@
 //! The platform API's sandboxes on ours (issue 17): create from an environment until RUNNING
 //! against compute.v1's create until READY, in turns on one daemon; and how fast a change
-//! reaches a watcher and new output a follower.
+//! reaches a watcher and new output a follower, on the node and through a `computed router`
+//! in front of it.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,11 +21,17 @@ pub struct Measured {
     pub v1_ready_ms: Vec<f64>,
     /// platform CreateSandbox → RUNNING, seen on a WatchSandbox opened after the create.
     pub platform_running_ms: Vec<f64>,
-    /// A state change (the sandbox's updated_at) → the watcher's event.
+    /// A state change (the sandbox's updated_at) → the watcher's event, on the node.
     pub watch_ms: Vec<f64>,
-    /// A line the workload stamped with its clock → the follower's entry.
+    /// A line the workload stamped with its clock → the follower's entry, on the node.
     pub follow_ms: Vec<f64>,
+    /// The same two through a router.
+    pub router_watch_ms: Vec<f64>,
+    /// See `router_watch_ms`.
+    pub router_follow_ms: Vec<f64>,
 }
+
+const NS: &str = "bench";
 
 fn since(t: &Option<prost_types::Timestamp>) -> Option<f64> {
     let t = t.as_ref()?;
@@ -32,20 +39,18 @@ fn since(t: &Option<prost_types::Timestamp>) -> Option<f64> {
     Some(SystemTime::now().duration_since(at).ok()?.as_secs_f64() * 1000.0)
 }
 
-/// `rounds` pairs in turns (after one warm-up pair), then one follower of 200 stamped lines.
-pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
-    let root = computed::client::unix_channel(&o.socket()).await?;
-    let ns = "bench";
+/// Namespace `bench` and its environment `py` (a workload of `sleep 0.3`), as root on `root`.
+async fn setup(root: Channel) -> Result<Sbx> {
     let _ = ppb::access_service_client::AccessServiceClient::new(root.clone())
         .create_namespace(ppb::CreateNamespaceRequest {
-            name: ns.into(),
+            name: NS.into(),
             ..Default::default()
         })
         .await;
     let _ = ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
         .create_environment(ppb::CreateEnvironmentRequest {
             environment: Some(ppb::Environment {
-                namespace: ns.into(),
+                namespace: NS.into(),
                 name: "py".into(),
                 image: IMAGE.into(),
                 default_argv: vec!["sleep".into(), "0.3".into()],
@@ -53,76 +58,65 @@ pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
             }),
         })
         .await;
-    let mut s = Sbx::new(root);
-    let mut m = Measured::default();
-    for i in 0..=rounds {
-        let first_v1 = i % 2 == 0;
-        for v1 in [first_v1, !first_v1] {
-            if v1 {
-                let (id, d) = o.create_ready().await.context("compute.v1 create")?;
-                if i > 0 {
-                    m.v1_ready_ms.push(d.as_secs_f64() * 1000.0);
-                }
-                o.destroy(&id).await?;
-                continue;
-            }
-            let t0 = Instant::now();
-            let sb = s
-                .create_sandbox(ppb::CreateSandboxRequest {
-                    namespace: ns.into(),
-                    environment: "py".into(),
-                    ..Default::default()
-                })
-                .await
-                .context("platform CreateSandbox")?
-                .into_inner();
-            let mut w = s
-                .watch_sandbox(ppb::WatchSandboxRequest {
-                    sandbox_id: sb.sandbox_id.clone(),
-                })
-                .await?
-                .into_inner();
-            let (mut running, mut events) = (None, 0);
-            while let Some(ev) = tokio::time::timeout(Duration::from_secs(60), w.message())
-                .await
-                .context("no event within 60 s")??
-            {
-                events += 1;
-                let x = ev.sandbox.unwrap_or_default();
-                if x.state == ppb::SandboxState::Running as i32 && running.is_none() {
-                    running = Some(t0.elapsed());
-                    // A change only when the watch saw the state before it (PENDING).
-                    if let (Some(l), true) = (since(&x.updated_at), i > 0 && events > 1) {
-                        m.watch_ms.push(l);
-                    }
-                }
-                if x.state_reason.contains("exited") {
-                    if let (Some(l), true) = (since(&x.updated_at), i > 0) {
-                        m.watch_ms.push(l);
-                    }
-                    break;
-                }
-                if x.state == ppb::SandboxState::Failed as i32 {
-                    bail!("platform sandbox failed: {}", x.state_reason);
-                }
-            }
-            let Some(r) = running else {
-                bail!("the watch ended before RUNNING")
-            };
-            if i > 0 {
-                m.platform_running_ms.push(r.as_secs_f64() * 1000.0);
-            }
-            s.delete_sandbox(ppb::DeleteSandboxRequest {
-                sandbox_id: sb.sandbox_id,
-            })
-            .await?;
+    Ok(Sbx::new(root))
+}
+
+/// One platform sandbox: create, watch until its workload exited, delete. Returns the time to
+/// RUNNING and the watch latency of each change the watch saw happen.
+async fn watched_round(s: &mut Sbx) -> Result<(Duration, Vec<f64>)> {
+    let t0 = Instant::now();
+    let sb = s
+        .create_sandbox(ppb::CreateSandboxRequest {
+            namespace: NS.into(),
+            environment: "py".into(),
+            ..Default::default()
+        })
+        .await
+        .context("platform CreateSandbox")?
+        .into_inner();
+    let mut w = s
+        .watch_sandbox(ppb::WatchSandboxRequest {
+            sandbox_id: sb.sandbox_id.clone(),
+        })
+        .await?
+        .into_inner();
+    let (mut running, mut events, mut lat) = (None, 0, Vec::new());
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(60), w.message())
+        .await
+        .context("no event within 60 s")??
+    {
+        events += 1;
+        let x = ev.sandbox.unwrap_or_default();
+        // The first event is the state at the watch's start; later ones are changes.
+        if events > 1 {
+            lat.extend(since(&x.updated_at));
+        }
+        if x.state == ppb::SandboxState::Running as i32 && running.is_none() {
+            running = Some(t0.elapsed());
+        }
+        if x.state_reason.contains("exited") {
+            break;
+        }
+        if x.state == ppb::SandboxState::Failed as i32 {
+            bail!("platform sandbox failed: {}", x.state_reason);
         }
     }
-    // Follow: 200 lines 20 ms apart, each with the workload's wall clock (ns).
+    let Some(r) = running else {
+        bail!("the watch ended before RUNNING")
+    };
+    s.delete_sandbox(ppb::DeleteSandboxRequest {
+        sandbox_id: sb.sandbox_id,
+    })
+    .await?;
+    Ok((r, lat))
+}
+
+/// A follower of 200 lines 20 ms apart, each stamped with the workload's wall clock (ns).
+async fn followed(s: &mut Sbx) -> Result<Vec<f64>> {
     let script = "import time\nfor i in range(200):\n    print(time.time_ns(), flush=True)\n    time.sleep(0.02)\n";
     let sb = s
         .create_sandbox(ppb::CreateSandboxRequest {
-            namespace: ns.into(),
+            namespace: NS.into(),
             environment: "py".into(),
             argv: vec!["python3".into(), "-c".into(), script.into()],
             ..Default::default()
@@ -137,7 +131,7 @@ pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
         })
         .await?
         .into_inner();
-    let mut partial = String::new();
+    let (mut partial, mut out) = (String::new(), Vec::new());
     while let Some(e) = tokio::time::timeout(Duration::from_secs(60), f.message())
         .await
         .context("no log entry within 60 s")??
@@ -155,7 +149,7 @@ pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
         while let Some(nl) = partial.find('\n') {
             let line: String = partial.drain(..=nl).collect();
             if let Ok(ns) = line.trim().parse::<f64>() {
-                m.follow_ms.push((now - ns) / 1e6);
+                out.push((now - ns) / 1e6);
             }
         }
     }
@@ -164,8 +158,81 @@ pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
     })
     .await?;
     // The first lines wait for the follower to attach: not what a follower sees later.
-    if m.follow_ms.len() > 10 {
-        m.follow_ms.drain(..5);
+    if out.len() > 10 {
+        out.drain(..5);
     }
+    Ok(out)
+}
+
+/// `rounds` pairs in turns (after one warm-up pair), a follower; then a router in front of the
+/// node and `rounds` watched sandboxes and a follower through it.
+pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
+    let mut s = setup(computed::client::unix_channel(&o.socket()).await?).await?;
+    let mut m = Measured::default();
+    for i in 0..=rounds {
+        let first_v1 = i % 2 == 0;
+        for v1 in [first_v1, !first_v1] {
+            if v1 {
+                let (id, d) = o.create_ready().await.context("compute.v1 create")?;
+                if i > 0 {
+                    m.v1_ready_ms.push(d.as_secs_f64() * 1000.0);
+                }
+                o.destroy(&id).await?;
+            } else {
+                let (r, lat) = watched_round(&mut s).await?;
+                if i > 0 {
+                    m.platform_running_ms.push(r.as_secs_f64() * 1000.0);
+                    m.watch_ms.extend(lat);
+                }
+            }
+        }
+    }
+    m.follow_ms = followed(&mut s).await?;
+
+    // Through a router: its own records (embedded), the node behind it sharing its secret.
+    let (addr, computed, dir) = o.parts();
+    let rdir = dir.join("router");
+    std::fs::create_dir_all(&rdir)?;
+    let listen = format!("127.0.0.1:{}", crate::host::free_port()?);
+    let sock = rdir.join("router.sock");
+    let log = std::fs::File::create(rdir.join("router.log"))?;
+    let mut child = tokio::process::Command::new(computed)
+        .args(["router", "--listen", &listen, "--metrics-listen", ""])
+        .arg("--nodes")
+        .arg(format!("http://{addr}"))
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--platform-store")
+        .arg(rdir.join("platform.redb"))
+        .arg("--platform-peer-secret")
+        .arg(dir.join("peer-secret"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("start computed router")?;
+    let routed = async {
+        let t0 = Instant::now();
+        while !sock.exists() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                bail!("the router did not serve in 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Wait for its first health poll of the node.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut r = setup(computed::client::unix_channel(&sock).await?).await?;
+        let mut watch = Vec::new();
+        for _ in 0..rounds {
+            watch.extend(watched_round(&mut r).await?.1);
+        }
+        Ok((watch, followed(&mut r).await?))
+    }
+    .await;
+    let _ = child.kill().await;
+    let (w, f) = routed?;
+    m.router_watch_ms = w;
+    m.router_follow_ms = f;
     Ok(m)
 }
