@@ -124,7 +124,7 @@ pub(super) struct State {
     logs: Mutex<HashMap<String, Arc<RunLog>>>,
     workloads: Mutex<HashMap<String, tokio::sync::watch::Sender<Workload>>>,
     deleting: Mutex<HashSet<String>>,
-    /// When each sandbox's state or workload last changed.
+    /// When each sandbox's workload last changed.
     changed: Mutex<HashMap<String, SystemTime>>,
 }
 
@@ -249,7 +249,8 @@ impl Node {
             .subscribe()
     }
 
-    /// When the state or workload of `id` last changed (None: not since this daemon started).
+    /// When the workload of `id` last changed (None: not since this daemon started); the
+    /// sandbox's own state carries its time.
     pub fn changed_at(&self, id: &str) -> Option<SystemTime> {
         lock(&self.inner.platform.changed).get(id).copied()
     }
@@ -351,7 +352,6 @@ impl Node {
             let mut started = !start;
             loop {
                 let st = rx.borrow_and_update().clone();
-                node.touch(&sb.id);
                 match st.status {
                     Status::Ready if !started => {
                         started = true;

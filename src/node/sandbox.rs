@@ -112,6 +112,8 @@ pub struct State {
     pub reason: String,
     /// Lifetime usage, once destroyed.
     pub final_usage: Option<Usage>,
+    /// When this state began (this daemon's clock; a recovered sandbox: its recovery).
+    pub since: SystemTime,
 }
 
 impl State {
@@ -121,6 +123,7 @@ impl State {
             status,
             reason: reason.into(),
             final_usage: None,
+            since: SystemTime::now(),
         }
     }
 
@@ -282,6 +285,7 @@ impl Sandbox {
             if s.status.may_become(status) && status != Status::Destroyed {
                 s.status = status;
                 s.reason = reason.to_string();
+                s.since = SystemTime::now();
             }
         });
     }
@@ -291,6 +295,7 @@ impl Sandbox {
         self.state.send_modify(|s| {
             s.status = Status::Destroyed;
             s.final_usage = Some(usage);
+            s.since = SystemTime::now();
         });
     }
 

@@ -136,7 +136,11 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
         node: node.config().node_name.clone(),
         labels: spec.labels.clone().into_iter().collect(),
         created_at: Some(timestamp(sb.created_at)),
-        updated_at: Some(timestamp(node.changed_at(&sb.id).unwrap_or(sb.created_at))),
+        updated_at: Some(timestamp(
+            node.changed_at(&sb.id)
+                .map_or(st.since, |w| w.max(st.since))
+                .max(sb.created_at),
+        )),
         idle_suspend_at: None,
         expires_at: max_lifetime.map(|d| timestamp(sb.created_at + d)),
     }
