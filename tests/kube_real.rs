@@ -1651,9 +1651,16 @@ struct PlatformRouter {
     log: PathBuf,
 }
 
-fn platform_router(c: &Cluster, kubeconfig: &Path, nodes: &str, name: &str) -> PlatformRouter {
+fn platform_router(
+    c: &Cluster,
+    kubeconfig: &Path,
+    nodes: &str,
+    name: &str,
+    peer: &Path,
+) -> PlatformRouter {
     let addr = common::free_addr();
     let mut args = router_args(&addr, nodes);
+    args.extend(["--platform-peer-secret".to_string(), peer.display().to_string()]);
     let i = args.iter().position(|a| a == "--platform-store").unwrap();
     args[i + 1] = "kube".into();
     let socket = PathBuf::from(&args[args.iter().position(|a| a == "--socket").unwrap() + 1]);
@@ -1725,10 +1732,15 @@ async fn platform_routers(c: &Cluster, router_kubeconfig: &Path) {
     if !common::prerequisites() {
         return; // (under CI, a failure)
     }
-    let nodes = [common::start("kr-pa", ""), common::start("kr-pb", "")];
+    // The secret the routers share with the nodes: a node takes the principal (and a create's
+    // environment) a router checked against the cluster's records.
+    let peer = c.path("platform-peer-secret");
+    std::fs::write(&peer, format!("{}\n", uuid::Uuid::new_v4().simple())).unwrap();
+    let node_cfg = format!("platform_peer_secret = {peer:?}");
+    let nodes = [common::start("kr-pa", &node_cfg), common::start("kr-pb", &node_cfg)];
     let list = format!("{},{}", nodes[0].addr, nodes[1].addr);
-    let a = platform_router(c, router_kubeconfig, &list, "a");
-    let b = platform_router(c, router_kubeconfig, &list, "b");
+    let a = platform_router(c, router_kubeconfig, &list, "a", &peer);
+    let b = platform_router(c, router_kubeconfig, &list, "b", &peer);
 
     // Bootstrap as root on A's socket: a namespace and three keys.
     assert!(a
@@ -1789,7 +1801,8 @@ async fn platform_routers(c: &Cluster, router_kubeconfig: &Path) {
         let (ok, _, err) = r.with_key(&operator, &["env", "ls", "team-a"]);
         assert!(!ok && err.contains("NotFound"), "{err}");
     }
-    // Sandboxes: the operator passes the gate (the capability is issue 17's); the viewer not.
+    // Sandboxes: the operator makes one through B (from the environment B's records hold) and
+    // deletes it through A; the viewer may not create.
     let mut sb =
         ppb::sandbox_service_client::SandboxServiceClient::new(common::channel(&b.addr).await);
     let create = |t: &str| {
@@ -1802,8 +1815,16 @@ async fn platform_routers(c: &Cluster, router_kubeconfig: &Path) {
             .insert("authorization", format!("Bearer {t}").parse().unwrap());
         r
     };
-    let e = sb.create_sandbox(create(&operator)).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let made = sb.create_sandbox(create(&operator)).await.unwrap().into_inner();
+    assert_eq!(made.namespace, "team-r");
+    let mut sa =
+        ppb::sandbox_service_client::SandboxServiceClient::new(common::channel(&a.addr).await);
+    let mut del = tonic::Request::new(ppb::DeleteSandboxRequest {
+        sandbox_id: made.sandbox_id.clone(),
+    });
+    del.metadata_mut()
+        .insert("authorization", format!("Bearer {operator}").parse().unwrap());
+    sa.delete_sandbox(del).await.unwrap();
     let e = sb.create_sandbox(create(&viewer)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     // compute.v1 through both routers reaches the nodes, unchanged.
