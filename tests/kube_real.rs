@@ -1660,7 +1660,10 @@ fn platform_router(
 ) -> PlatformRouter {
     let addr = common::free_addr();
     let mut args = router_args(&addr, nodes);
-    args.extend(["--platform-peer-secret".to_string(), peer.display().to_string()]);
+    args.extend([
+        "--platform-peer-secret".to_string(),
+        peer.display().to_string(),
+    ]);
     let i = args.iter().position(|a| a == "--platform-store").unwrap();
     args[i + 1] = "kube".into();
     let socket = PathBuf::from(&args[args.iter().position(|a| a == "--socket").unwrap() + 1]);
@@ -1737,7 +1740,10 @@ async fn platform_routers(c: &Cluster, router_kubeconfig: &Path) {
     let peer = c.path("platform-peer-secret");
     std::fs::write(&peer, format!("{}\n", uuid::Uuid::new_v4().simple())).unwrap();
     let node_cfg = format!("platform_peer_secret = {peer:?}");
-    let nodes = [common::start("kr-pa", &node_cfg), common::start("kr-pb", &node_cfg)];
+    let nodes = [
+        common::start("kr-pa", &node_cfg),
+        common::start("kr-pb", &node_cfg),
+    ];
     let list = format!("{},{}", nodes[0].addr, nodes[1].addr);
     let a = platform_router(c, router_kubeconfig, &list, "a", &peer);
     let b = platform_router(c, router_kubeconfig, &list, "b", &peer);
@@ -1815,15 +1821,21 @@ async fn platform_routers(c: &Cluster, router_kubeconfig: &Path) {
             .insert("authorization", format!("Bearer {t}").parse().unwrap());
         r
     };
-    let made = sb.create_sandbox(create(&operator)).await.unwrap().into_inner();
+    let made = sb
+        .create_sandbox(create(&operator))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(made.namespace, "team-r");
     let mut sa =
         ppb::sandbox_service_client::SandboxServiceClient::new(common::channel(&a.addr).await);
     let mut del = tonic::Request::new(ppb::DeleteSandboxRequest {
         sandbox_id: made.sandbox_id.clone(),
     });
-    del.metadata_mut()
-        .insert("authorization", format!("Bearer {operator}").parse().unwrap());
+    del.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {operator}").parse().unwrap(),
+    );
     sa.delete_sandbox(del).await.unwrap();
     let e = sb.create_sandbox(create(&viewer)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
