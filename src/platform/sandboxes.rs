@@ -220,12 +220,7 @@ impl Platform {
         method: &str,
         id: &str,
     ) -> Result<(Principal, Arc<Sandbox>), Status> {
-        if let Err(e) = self.auth.principal(credentials(req)).await {
-            let s = Status::from(Error::Auth(e));
-            self.audit("anonymous", method, "", id, Outcome::Denied, Some(&s))
-                .await;
-            return Err(s);
-        }
+        self.authenticated(req, method, id).await?;
         let not_found = || Status::not_found(format!("sandbox {id} not found"));
         let sb = match node.get(id) {
             Ok(sb) if !node.is_deleting(&sb.id) => sb,
@@ -425,9 +420,7 @@ impl Platform {
                 Ok(Response::new(sandbox_pb(node, &sb)))
             }
             Backend::Cluster(c) => {
-                let p = self.authenticated(&req, method).await?;
-                let ch = c.owner(&id).await?;
-                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
                 let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
                 cl.get_sandbox(q).await
             }
@@ -453,9 +446,7 @@ impl Platform {
                 self.write(&p, method, &ns, &id, r).await.map(Response::new)
             }
             Backend::Cluster(c) => {
-                let p = self.authenticated(&req, method).await?;
-                let ch = c.owner(&id).await?;
-                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
                 let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
                 let r = cl.delete_sandbox(q).await.map(|r| r.into_inner());
                 self.write_status(&p, method, "", &id, r)
@@ -556,9 +547,7 @@ impl Platform {
         let node = match self.backend()? {
             Backend::Node(node) => node.clone(),
             Backend::Cluster(c) => {
-                let p = self.authenticated(&req, method).await?;
-                let ch = c.owner(&id).await?;
-                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
                 let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
                 let up = cl.watch_sandbox(q).await?.into_inner();
                 let s: Stream_<pb::SandboxEvent> = Box::pin(up);
@@ -613,9 +602,9 @@ impl Platform {
         let node = match self.backend()? {
             Backend::Node(node) => node.clone(),
             Backend::Cluster(c) => {
-                let p = self.authenticated(&req, method).await?;
-                let ch = c.owner(&r.sandbox_id).await?;
-                let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
+                let (p, mut cl) = self
+                    .owner_client(c.as_ref(), &req, method, &r.sandbox_id)
+                    .await?;
                 let q = self.to_node(r.clone(), req.metadata(), &p);
                 let up = cl.tail_sandbox_logs(q).await?.into_inner();
                 let s: Stream_<pb::LogEntry> = Box::pin(up);
@@ -698,17 +687,43 @@ impl Platform {
         out
     }
 
-    /// Authenticates a call the router forwards (the owning node checks its namespace).
-    async fn authenticated<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
+    /// Authenticates an id-addressed call (its namespace is its resource's, checked once the
+    /// resource is found); a refusal is audited against `resource`.
+    pub(super) async fn authenticated<T>(
+        &self,
+        req: &Request<T>,
+        method: &str,
+        resource: &str,
+    ) -> Result<Principal, Status> {
         match self.auth.principal(credentials(req)).await {
             Ok(p) => Ok(p),
             Err(e) => {
                 let s = Status::from(Error::Auth(e));
-                self.audit("anonymous", method, "", "", Outcome::Denied, Some(&s))
+                self.audit("anonymous", method, "", resource, Outcome::Denied, Some(&s))
                     .await;
                 Err(s)
             }
         }
+    }
+
+    /// For an id-addressed call the router forwards: the caller (authenticated here; the
+    /// owning node checks it in the sandbox's namespace) and a client of the node owning `id`.
+    async fn owner_client<T>(
+        &self,
+        c: &dyn Cluster,
+        req: &Request<T>,
+        method: &str,
+        id: &str,
+    ) -> Result<
+        (
+            Principal,
+            pb::sandbox_service_client::SandboxServiceClient<tonic::transport::Channel>,
+        ),
+        Status,
+    > {
+        let p = self.authenticated(req, method, id).await?;
+        let ch = c.owner(id).await?;
+        Ok((p, pb::sandbox_service_client::SandboxServiceClient::new(ch)))
     }
 
     /// Audits a forwarded write's outcome.

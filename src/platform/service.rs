@@ -1000,12 +1000,7 @@ impl Platform {
                 self.gate(req, method, ns).await?;
             }
             None => {
-                if let Err(e) = self.auth.principal(credentials(req)).await {
-                    let s = Status::from(Error::Auth(e));
-                    self.audit("anonymous", method, "", "", Outcome::Denied, Some(&s))
-                        .await;
-                    return Err(s);
-                }
+                self.authenticated(req, method, "").await?;
             }
         }
         Err(Error::Unimplemented(later(method)).into())
