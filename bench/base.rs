@@ -145,6 +145,8 @@ impl Base {
             env: env.to_vec(),
             workspace_dir: ws,
             mount_path: "/workspace",
+            read_only: false,
+            extra_mounts: Vec::new(),
             helpers_dir: None,
             cgroups_path: format!("/{CGROUP_PARENT}/{id}"),
             cpu_quota: i64::from(cfg.default_cpu_millis) * 100,

@@ -191,16 +191,42 @@ pub fn attach(paths: &Paths) -> Result<()> {
     attach_with(paths, false)
 }
 
-/// Unmounts the volume (ext4-loop); the loop device is released with it. Nothing for `dir`.
-pub fn detach(paths: &Paths) -> Result<()> {
-    if !is_mounted(&paths.data) {
-        return Ok(());
+/// Mounts the volume at `paths.data` and those of its extra mounts (`paths.extra(i)`) that
+/// have an image and are not mounted: after a reboot. Returns whether any was mounted.
+pub fn attach_all(paths: &Paths) -> Result<bool> {
+    let mut attached = false;
+    for p in std::iter::once(paths.clone()).chain(extras(paths)) {
+        if has_image(&p) && !is_mounted(&p.data) {
+            attach(&p)?;
+            attached = true;
+        }
     }
-    run(
-        "umount",
-        Command::new("umount").arg(&paths.data),
-        &paths.data,
-    )
+    Ok(attached)
+}
+
+/// The extra mounts a workspace has on disk, in order.
+pub fn extras(paths: &Paths) -> Vec<Paths> {
+    let mut found: Vec<usize> = std::fs::read_dir(paths.base.join("mounts"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    found.sort_unstable();
+    found.into_iter().map(|i| paths.extra(i)).collect()
+}
+
+/// Unmounts the volume and its extra mounts' (ext4-loop); their loop devices are released with
+/// them. Nothing for `dir`.
+pub fn detach(paths: &Paths) -> Result<()> {
+    for p in extras(paths)
+        .into_iter()
+        .chain(std::iter::once(paths.clone()))
+    {
+        if is_mounted(&p.data) {
+            run("umount", Command::new("umount").arg(&p.data), &p.data)?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether the sandbox's volume is an ext4-loop image.
@@ -208,7 +234,7 @@ pub fn has_image(paths: &Paths) -> bool {
     image_path(paths).exists()
 }
 
-/// Deletes a volume and everything of its workspace.
+/// Deletes a volume, its extra mounts' and everything of its workspace.
 pub fn delete(paths: &Paths) -> Result<()> {
     detach(paths)?;
     match std::fs::remove_dir_all(&paths.base) {

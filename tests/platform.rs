@@ -1147,6 +1147,16 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
     unclean.working_dir = "/a/../etc".into();
     let mut durable = create_in("team-a", "py", &[]);
     durable.workspace_id = "ws-nope".into();
+    let mounts_at = |paths: &[&str]| {
+        let mut r = create_in("team-a", "py", &[]);
+        for p in paths {
+            r.workspaces.push(pb::WorkspaceMount {
+                mount_path: p.to_string(),
+                ..Default::default()
+            });
+        }
+        r
+    };
     let rejections: Vec<(&str, pb::CreateSandboxRequest, &str, Code)> = vec![
         (
             "env in another namespace",
@@ -1162,6 +1172,24 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
             Code::InvalidArgument,
         ),
         ("more than 8 mounts", mounts9, &op, Code::InvalidArgument),
+        (
+            "overlapping mounts",
+            mounts_at(&["/data", "/workspace", "/data/inner"]),
+            &op,
+            Code::InvalidArgument,
+        ),
+        (
+            "a mount over the sandbox's /proc",
+            mounts_at(&["/workspace", "/proc"]),
+            &op,
+            Code::InvalidArgument,
+        ),
+        (
+            "an unclean mount path",
+            mounts_at(&["/workspace", "/data/"]),
+            &op,
+            Code::InvalidArgument,
+        ),
         ("relative working_dir", relative, &op, Code::InvalidArgument),
         ("unclean working_dir", unclean, &op, Code::InvalidArgument),
         ("unknown durable workspace", durable, &op, Code::NotFound),
@@ -1668,6 +1696,134 @@ fn exec_only(ns: &str, env: &str) -> pb::CreateSandboxRequest {
     let mut r = create_in(ns, env, &[]);
     r.exec_only = true;
     r
+}
+
+/// The host's mount points under `dir` (this process's mountinfo).
+fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let prefix = format!("{}/", dir.display());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| mp.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ephemeral_mounts_are_volumes_of_their_own_with_their_caps_and_modes() {
+    need!();
+    let (d, _v1) = start_client("platform-mounts", "").await;
+    let root = d.local_channel().await;
+    let (op, viewer, _) = sandbox_setup(&root).await;
+    let mut s = SandboxServiceClient::new(channel(&d.addr).await);
+
+    // Three mounts: the first at the environment's default size, a 16 MiB one, and a
+    // read-only one. The workload fills /data past its cap, writes 32 MiB to /workspace (which
+    // /data's cap does not bound), and tries to write to /ref.
+    let script = r#"
+import errno, os
+def fill(path, mib):
+    done = 0
+    try:
+        with open(path, "wb") as f:
+            for _ in range(mib):
+                f.write(b"x" * (1 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+                done += 1
+    except OSError as e:
+        return done, errno.errorcode[e.errno]
+    return done, "ok"
+print("data", *fill("/data/big", 64))
+print("workspace", *fill("/workspace/big", 32))
+try:
+    open("/ref/x", "w")
+    print("ref writable")
+except OSError as e:
+    print("ref", errno.errorcode[e.errno])
+print("ls", sorted(os.listdir("/workspace")), sorted(os.listdir("/data")))
+"#;
+    let mut req = create_in("team-a", "py", &["python3", "-c", script]);
+    for (path, size, mode) in [
+        ("/workspace", "", pb::MountMode::ReadWrite),
+        ("/data", "16Mi", pb::MountMode::ReadWrite),
+        ("/ref", "8Mi", pb::MountMode::ReadOnly),
+    ] {
+        req.workspaces.push(pb::WorkspaceMount {
+            mount_path: path.into(),
+            size: size.into(),
+            mode: mode as i32,
+            ..Default::default()
+        });
+    }
+    let sb = s
+        .create_sandbox(with(req, Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = sb.sandbox_id.clone();
+    let shown: Vec<(String, i32, String)> = sb
+        .workspaces
+        .iter()
+        .map(|m| (m.mount_path.clone(), m.mode, m.size.clone()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (
+                "/workspace".into(),
+                pb::MountMode::ReadWrite as i32,
+                "5Gi".into()
+            ),
+            (
+                "/data".into(),
+                pb::MountMode::ReadWrite as i32,
+                "16Mi".into()
+            ),
+            ("/ref".into(), pb::MountMode::ReadOnly as i32, "8Mi".into()),
+        ]
+    );
+    // On the host: three volumes, each its own loop-mounted file system.
+    let ws = d.state_dir().join("workspaces").join(&id);
+    let mut held = mounts_under(&ws);
+    held.sort();
+    let want: Vec<String> = ["data", "mounts/1/data", "mounts/2/data"]
+        .iter()
+        .map(|p| ws.join(p).display().to_string())
+        .collect();
+    assert_eq!(held, want);
+    let ended = wait_state(
+        &mut s,
+        &id,
+        &viewer,
+        pb::SandboxState::Running,
+        "workload exited with code 0",
+    )
+    .await;
+    assert_eq!(ended.workspaces.len(), 3);
+    let log = tail(&mut s, &id, &viewer, 0).await;
+    let out = text(&log, pb::LogStream::Stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    let data: Vec<&str> = lines[0].split(' ').collect();
+    assert_eq!((data[0], data[2]), ("data", "ENOSPC"), "{out}");
+    let filled: u32 = data[1].parse().unwrap();
+    assert!((8..16).contains(&filled), "{out}");
+    assert_eq!(lines[1], "workspace 32 ok", "{out}");
+    assert_eq!(lines[2], "ref EROFS", "{out}");
+    assert_eq!(lines[3], "ls ['big'] ['big']", "{out}");
+
+    // Delete takes every volume along: no mount left, nothing on disk.
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest {
+            sandbox_id: id.clone(),
+        },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(mounts_under(&ws), Vec::<String>::new());
+    assert!(!ws.exists(), "the ephemeral mounts outlived their sandbox");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,7 +4,8 @@
 //! source depends on the volume:
 //! * an `ext4-loop` workspace is its own block device: the loop device's sector counters
 //!   (`/sys/block/loopN/stat`) count exactly what the workspace filesystem read from and wrote
-//!   to its volume (data and ext4 metadata). Writes reach the device at writeback, so the node
+//!   to its volume (data and ext4 metadata); a platform sandbox's extra mounts are volumes of
+//!   their own, whose devices are added. Writes reach the device at writeback, so the node
 //!   flushes the volume (`syncfs`) when an exec ends, to charge its writes to it.
 //! * a `dir` workspace has no device of its own: the read_bytes/write_bytes I/O counters
 //!   (procfs) of the sandbox's host processes (sentry and gofer, which do all of its file I/O)
@@ -19,8 +20,8 @@ type Result<T> = std::result::Result<T, Error>;
 /// Where a sandbox's disk bytes are read from.
 #[derive(Debug, Clone)]
 pub enum DiskSource {
-    /// A loop device's `stat` file.
-    Loop(PathBuf),
+    /// The `stat` files of the loop devices of the workspace and its extra mounts.
+    Loop(Vec<PathBuf>),
     /// The I/O counters of the processes in the sandbox cgroup.
     Procs(SandboxCgroup),
 }
@@ -41,14 +42,23 @@ pub fn mount_source(dir: &Path) -> Option<String> {
 }
 
 impl DiskSource {
-    /// The source for a workspace mounted (or not) at `data_dir`.
-    pub fn for_workspace(data_dir: &Path, cg: &SandboxCgroup) -> Self {
-        match mount_source(data_dir) {
+    /// The source for a workspace mounted (or not) at `data_dirs[0]`, with its extra mounts
+    /// at the rest (all of one storage class).
+    pub fn for_workspace(data_dirs: &[PathBuf], cg: &SandboxCgroup) -> Self {
+        let loop_stat = |dir: &PathBuf| match mount_source(dir) {
             Some(dev) if dev.starts_with("/dev/loop") => {
                 let name = dev.trim_start_matches("/dev/");
-                DiskSource::Loop(PathBuf::from(format!("/sys/block/{name}/stat")))
+                Some(PathBuf::from(format!("/sys/block/{name}/stat")))
             }
-            _ => DiskSource::Procs(cg.clone()),
+            _ => None,
+        };
+        match data_dirs.first().and_then(loop_stat) {
+            Some(first) => DiskSource::Loop(
+                std::iter::once(first)
+                    .chain(data_dirs[1..].iter().filter_map(loop_stat))
+                    .collect(),
+            ),
+            None => DiskSource::Procs(cg.clone()),
         }
     }
 
@@ -60,15 +70,21 @@ impl DiskSource {
     /// (bytes read, bytes written) so far.
     pub fn read(&self) -> Result<(u64, u64)> {
         match self {
-            DiskSource::Loop(stat) => {
-                let s = std::fs::read_to_string(stat).map_err(|e| Error::Read {
-                    path: stat.clone(),
-                    why: e.to_string(),
-                })?;
-                parse_block_stat(&s).ok_or_else(|| Error::Read {
-                    path: stat.clone(),
-                    why: "unexpected format".into(),
-                })
+            DiskSource::Loop(stats) => {
+                let (mut r, mut w) = (0, 0);
+                for stat in stats {
+                    let s = std::fs::read_to_string(stat).map_err(|e| Error::Read {
+                        path: stat.clone(),
+                        why: e.to_string(),
+                    })?;
+                    let (dr, dw) = parse_block_stat(&s).ok_or_else(|| Error::Read {
+                        path: stat.clone(),
+                        why: "unexpected format".into(),
+                    })?;
+                    r += dr;
+                    w += dw;
+                }
+                Ok((r, w))
             }
             DiskSource::Procs(cg) => {
                 let mut r = 0;

@@ -77,18 +77,18 @@ struct State {
 #[derive(Debug)]
 pub struct Meter {
     cg: SandboxCgroup,
-    data_dir: PathBuf,
+    data_dirs: Vec<PathBuf>,
     disk: Mutex<Option<DiskSource>>,
     state: Mutex<State>,
 }
 
 impl Meter {
-    /// A meter over the sandbox's cgroup and its workspace mounted at `data_dir`, continuing
-    /// from `persisted`.
-    pub fn new(cg: SandboxCgroup, data_dir: PathBuf, persisted: Persisted) -> Self {
+    /// A meter over the sandbox's cgroup and its workspace mounted at `data_dirs[0]` (and its
+    /// extra mounts at the rest), continuing from `persisted`.
+    pub fn new(cg: SandboxCgroup, data_dirs: Vec<PathBuf>, persisted: Persisted) -> Self {
         Self {
             cg,
-            data_dir,
+            data_dirs,
             disk: Mutex::new(None),
             state: Mutex::new(State {
                 last: None,
@@ -106,7 +106,7 @@ impl Meter {
 
     fn disk_source(&self) -> DiskSource {
         let mut d = self.disk.lock().unwrap_or_else(|p| p.into_inner());
-        d.get_or_insert_with(|| DiskSource::for_workspace(&self.data_dir, &self.cg))
+        d.get_or_insert_with(|| DiskSource::for_workspace(&self.data_dirs, &self.cg))
             .clone()
     }
 
@@ -209,7 +209,7 @@ impl Meter {
                 _ => true,
             };
             if wrote {
-                let _ = disk::flush(&self.data_dir);
+                self.flush_disk();
             }
         }
         let raw = self.read_raw();
@@ -297,6 +297,14 @@ impl Meter {
         st.last = raw;
     }
 
+    /// Flushes the workspace and its extra mounts to their devices (so that the writes so far
+    /// are counted).
+    pub fn flush_disk(&self) {
+        for dir in &self.data_dirs {
+            let _ = disk::flush(dir);
+        }
+    }
+
     /// The workspace's device was attached anew (a new sandbox, or a reattach after a
     /// reboot): its counters hold what mkfs and mount did, or restarted. Carry the lifetime
     /// figures so far onto the device's current counters.
@@ -341,7 +349,7 @@ mod tests {
         }
         fn meter(&self, p: Persisted) -> Meter {
             let cg = SandboxCgroup::new(self.tree.root(), CgroupVersion::V1, "/compute/x");
-            Meter::new(cg, Path::new("/nonexistent").into(), p)
+            Meter::new(cg, vec![Path::new("/nonexistent").into()], p)
         }
     }
 

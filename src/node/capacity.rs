@@ -38,16 +38,20 @@ impl Node {
         }
     }
 
-    /// RESOURCE_EXHAUSTED when a new volume of `backend` would need a loop device and the node
-    /// holds `max_loop_volumes` already.
-    pub(super) async fn check_loop_devices(&self, backend: volume::Backend) -> Result<()> {
+    /// RESOURCE_EXHAUSTED when `want` new volumes of `backend` would need loop devices the node
+    /// has not left under `max_loop_volumes`.
+    pub(super) async fn check_loop_devices(
+        &self,
+        backend: volume::Backend,
+        want: usize,
+    ) -> Result<()> {
         let cap = self.config().max_loop_volumes as usize;
         if cap == 0 || backend != volume::Backend::Ext4Loop {
             return Ok(());
         }
         let dir = self.config().state_dir.clone();
         let held = blocking(move || volume::loop_volumes(&dir)).await?;
-        if held >= cap {
+        if held + want > cap {
             return Err(Error::ResourceExhausted(format!(
                 "the node holds its maximum of {cap} loop-device volumes"
             )));

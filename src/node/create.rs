@@ -64,32 +64,24 @@ pub fn resolve(cfg: &Config, req: &CreateRequest) -> Result<Resolved> {
         &"/workspace".into(),
     );
     workspace::validate_mount_path(&mount_path)?;
-    let size = if req.size.is_empty() {
-        cfg.workspace_size.clone()
-    } else {
-        match ByteSize::parse(&req.size) {
-            Ok(s) if s.bytes() > 0 => s,
-            _ => {
-                return invalid(format!(
-                    "workspace size {:?} is not a quantity like 5Gi",
-                    req.size
-                ))
+    let size = workspace_size(cfg, &req.size)?;
+    // A platform sandbox's extra mounts: each a workspace by the same rules.
+    let platform = match &req.platform {
+        Some(p) if !p.mounts.is_empty() => {
+            let mut p = (**p).clone();
+            for m in &mut p.mounts {
+                workspace::validate_mount_path(&m.mount_path)?;
+                let given = if m.size.bytes() == 0 {
+                    ""
+                } else {
+                    m.size.as_str()
+                };
+                m.size = workspace_size(cfg, given)?;
             }
+            Some(Arc::new(p))
         }
+        p => p.clone(),
     };
-    if size.bytes() > cfg.max_workspace_size.bytes() {
-        return invalid(format!(
-            "workspace size {:?} is over the node's maximum {}",
-            size.as_str(),
-            cfg.max_workspace_size
-        ));
-    }
-    if size.bytes() < MIN_WORKSPACE {
-        return invalid(format!(
-            "workspace size {:?} is under the minimum of 8Mi",
-            size.as_str()
-        ));
-    }
     let storage_class = or(
         req.storage_class.clone(),
         req.storage_class.is_empty(),
@@ -141,8 +133,39 @@ pub fn resolve(cfg: &Config, req: &CreateRequest) -> Result<Resolved> {
             size,
             mount_path,
         },
-        platform: req.platform.clone(),
+        platform,
     })
+}
+
+/// A workspace size as given ("" = the node's default), within the node's bounds.
+fn workspace_size(cfg: &Config, text: &str) -> Result<ByteSize> {
+    let invalid = |m: String| Err(Error::InvalidArgument(m));
+    let size = if text.is_empty() {
+        cfg.workspace_size.clone()
+    } else {
+        match ByteSize::parse(text) {
+            Ok(s) if s.bytes() > 0 => s,
+            _ => {
+                return invalid(format!(
+                    "workspace size {text:?} is not a quantity like 5Gi"
+                ))
+            }
+        }
+    };
+    if size.bytes() > cfg.max_workspace_size.bytes() {
+        return invalid(format!(
+            "workspace size {:?} is over the node's maximum {}",
+            size.as_str(),
+            cfg.max_workspace_size
+        ));
+    }
+    if size.bytes() < MIN_WORKSPACE {
+        return invalid(format!(
+            "workspace size {:?} is under the minimum of 8Mi",
+            size.as_str()
+        ));
+    }
+    Ok(size)
 }
 
 /// What admission came to under the table lock.

@@ -16,7 +16,7 @@ use tracing::{info, instrument, warn};
 use super::{blocking, capacity, record, Error, Node, Result, Sandbox, Status};
 use crate::metering::{HostLimits, Usage, CPU_PERIOD_US};
 use crate::runtime::{spec, SandboxLaunch, TaskState};
-use crate::volume;
+use crate::{volume, workspace};
 
 impl Node {
     fn backend(&self, sb: &Sandbox) -> volume::Backend {
@@ -37,11 +37,25 @@ impl Node {
         let size = sb.workspace.size.bytes();
         let t0 = Instant::now();
         self.check_free_disk().await?;
-        self.check_loop_devices(backend).await?;
+        let extra: Vec<(workspace::Paths, u64)> = sb
+            .extra_mounts()
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (paths.extra(i + 1), m.size.bytes()))
+            .collect();
+        self.check_loop_devices(backend, 1 + extra.len()).await?;
         let p2 = paths.clone();
-        blocking(move || volume::create(&p2, backend, size))
-            .await?
-            .map_err(|e| capacity::volume_error(&sb.id, e))?;
+        blocking(move || {
+            volume::create(&p2, backend, size)?;
+            // Each extra mount is a volume of its own (its own cap), inside the workspace's
+            // directory: deleting or detaching the workspace takes them along.
+            for (p, size) in &extra {
+                volume::create(p, backend, *size)?;
+            }
+            Ok(())
+        })
+        .await?
+        .map_err(|e| capacity::volume_error(&sb.id, e))?;
         let volume = t0.elapsed();
         self.inner
             .rt
@@ -92,6 +106,17 @@ impl Node {
             env: image_env.to_vec(),
             workspace_dir: &paths.data,
             mount_path: &sb.workspace.mount_path,
+            read_only: sb.platform.as_ref().is_some_and(|p| p.read_only),
+            extra_mounts: sb
+                .extra_mounts()
+                .iter()
+                .enumerate()
+                .map(|(i, m)| spec::BindMount {
+                    source: paths.extra(i + 1).data,
+                    destination: m.mount_path.clone(),
+                    read_only: m.read_only,
+                })
+                .collect(),
             helpers_dir: self.inner.helpers_dir.as_deref(),
             cgroups_path: self.cgroups_path(&sb.id),
             cpu_quota: host.cpu_quota,
@@ -294,8 +319,8 @@ impl Node {
         // file system it can take a while), then take the final reading while the cgroup still
         // exists.
         if !never_ready {
-            let data = self.paths(&sb.id).data;
-            let _ = blocking(move || crate::metering::disk::flush(&data)).await;
+            let meter = sb.meter.clone();
+            let _ = blocking(move || meter.flush_disk()).await;
         }
         let usage = self.usage(&sb).await;
         self.inner.rt.teardown(&sb.id).await?;

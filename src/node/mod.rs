@@ -284,13 +284,18 @@ impl Node {
         workspace::Paths::new(&self.inner.cfg.state_dir, id)
     }
 
-    fn meter_for(&self, id: &str, persisted: Persisted) -> Arc<Meter> {
-        Arc::new(Meter::new(self.cgroup(id), self.paths(id).data, persisted))
+    /// The meter of sandbox `def`: its cgroup, and the disk of its workspace and extra mounts.
+    fn meter_for(&self, def: &Definition, persisted: Persisted) -> Arc<Meter> {
+        let paths = self.paths(&def.id);
+        let dirs = std::iter::once(paths.data.clone())
+            .chain((1..=def.extra_mounts().len()).map(|i| paths.extra(i).data))
+            .collect();
+        Arc::new(Meter::new(self.cgroup(&def.id), dirs, persisted))
     }
 
     /// A sandbox of `def` in `state`, with its meter and a cancellation token of its own.
     fn sandbox(&self, def: Definition, state: State, usage: Persisted) -> Sandbox {
-        let meter = self.meter_for(&def.id, usage);
+        let meter = self.meter_for(&def, usage);
         Sandbox::new(def, state, meter, self.inner.tasks.child_token())
     }
 

@@ -63,6 +63,34 @@ pub struct PlatformSpec {
     /// The idempotency key it was created with, if any.
     #[serde(default)]
     pub idempotency_key: String,
+    /// Whether the first workspace mount (the node sandbox's own workspace) is read-only
+    /// inside the sandbox.
+    #[serde(default)]
+    pub read_only: bool,
+    /// The second and later ephemeral workspace mounts (at most 7), each a volume of its own
+    /// ([`crate::workspace::Paths::extra`], numbered from 1), made and deleted with the sandbox.
+    #[serde(default)]
+    pub mounts: Vec<ExtraMount>,
+}
+
+impl PlatformSpec {
+    /// Whether its workspace is the plain one a pool member has: one read-write mount (so a
+    /// pool member can take the sandbox over).
+    pub fn plain_workspace(&self) -> bool {
+        self.mounts.is_empty() && !self.read_only
+    }
+}
+
+/// One of a platform sandbox's extra ephemeral workspace mounts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExtraMount {
+    /// Where the sandbox sees it (absolute, clean, not overlapping another mount).
+    pub mount_path: String,
+    /// Its size cap (bytes), as the first mount's is.
+    pub size: crate::size::ByteSize,
+    /// Read-only inside the sandbox.
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// Label values are kept under containerd's 4 KiB limit per label: a spec is split.

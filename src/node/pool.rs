@@ -85,7 +85,13 @@ impl Node {
     /// mount path) is the member's; limits always fit, as they are applied to the running
     /// cgroup. Anything failing along the way retires the member and ends in `Miss`.
     pub(super) async fn claim(&self, want: &Resolved) -> Result<Claim> {
-        if !self.pool_enabled() {
+        // A member's OCI spec has one read-write workspace mount: more mounts, or a read-only
+        // one, need a sandbox of their own.
+        let plain = want
+            .platform
+            .as_deref()
+            .is_none_or(super::platform::PlatformSpec::plain_workspace);
+        if !self.pool_enabled() || !plain {
             return Ok(Claim::Miss);
         }
         let t0 = std::time::Instant::now();

@@ -83,14 +83,7 @@ impl Node {
     /// Volumes of live sandboxes are mounted again after a reboot.
     async fn reattach_volume(&self, sb: &Sandbox) -> Result<()> {
         let paths = self.paths(&sb.id);
-        let attached = blocking(move || {
-            if volume::has_image(&paths) && !volume::is_mounted(&paths.data) {
-                volume::attach(&paths).map(|_| true)
-            } else {
-                Ok(false)
-            }
-        })
-        .await?;
+        let attached = blocking(move || volume::attach_all(&paths)).await?;
         match attached {
             // A fresh loop device counts from zero again.
             Ok(true) => sb.meter.rebase_disk(),

@@ -189,6 +189,15 @@ pub struct Resolved {
     pub platform: Option<Arc<super::platform::PlatformSpec>>,
 }
 
+impl Definition {
+    /// The extra workspace mounts (beyond the first) a platform sandbox has; none otherwise.
+    pub fn extra_mounts(&self) -> &[super::platform::ExtraMount] {
+        self.platform
+            .as_deref()
+            .map_or(&[], |p| p.mounts.as_slice())
+    }
+}
+
 impl Resolved {
     /// The session key: one live sandbox per (tenant, session).
     pub fn session_key(&self) -> (String, String) {

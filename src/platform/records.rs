@@ -365,6 +365,17 @@ pub fn check_mounts(mounts: &[Mount]) -> Result<(), Invalid> {
         if !seen.insert(m.mount_path.as_str()) {
             return invalid(format!("two workspaces at {}", m.mount_path));
         }
+        // One inside another would hide part of the outer one, or be hidden by it.
+        if let Some(o) = mounts.iter().find(|o| {
+            o.mount_path.len() > m.mount_path.len()
+                && o.mount_path.starts_with(&m.mount_path)
+                && o.mount_path.as_bytes()[m.mount_path.len()] == b'/'
+        }) {
+            return invalid(format!(
+                "workspace mounts overlap: {} is inside {}",
+                o.mount_path, m.mount_path
+            ));
+        }
         if !m.size.is_empty() && m.size.parse::<crate::size::ByteSize>().is_err() {
             return invalid(format!("workspace size {:?} is not a size", m.size));
         }
@@ -452,6 +463,36 @@ mod tests {
             "/a\0",
         ] {
             assert!(check_clean_abs("working_dir", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mounts_may_not_repeat_or_nest() {
+        let at = |paths: &[&str]| -> Vec<Mount> {
+            paths
+                .iter()
+                .map(|p| Mount {
+                    workspace_id: String::new(),
+                    mount_path: p.to_string(),
+                    read_only: false,
+                    size: String::new(),
+                })
+                .collect()
+        };
+        for ok in [
+            &["/w"][..],
+            &["/data", "/database", "/w"],
+            &["/a/b", "/a/c"],
+        ] {
+            assert_eq!(check_mounts(&at(ok)), Ok(()), "{ok:?}");
+        }
+        for bad in [
+            &["/w", "/w"][..],
+            &["/data", "/data/x"],
+            &["/a/b/c", "/w", "/a/b"],
+            &["/"],
+        ] {
+            assert!(check_mounts(&at(bad)).is_err(), "{bad:?}");
         }
     }
 

@@ -27,7 +27,7 @@ use super::records::{self, Environment, Outcome};
 use super::service::{credentials, Error, Platform, Stream_};
 use crate::api::convert::timestamp;
 use crate::api::platform::v1 as pb;
-use crate::node::platform::{self as np, PlatformSpec, Workload, NO_LIFETIME_LIMIT};
+use crate::node::platform::{self as np, ExtraMount, PlatformSpec, Workload, NO_LIFETIME_LIMIT};
 use crate::node::runlog::{Entry, Kind, Marker};
 use crate::node::{self, Node, Sandbox, Status as NodeStatus};
 
@@ -117,12 +117,23 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
             memory_bytes: sb.limits.memory_bytes,
             disk_bytes: sb.workspace.size.bytes(),
         }),
-        workspaces: vec![pb::WorkspaceMount {
-            workspace_id: String::new(),
-            mount_path: sb.workspace.mount_path.clone(),
-            mode: pb::MountMode::ReadWrite as i32,
-            size: sb.workspace.size.to_string(),
-        }],
+        workspaces: std::iter::once((&sb.workspace.mount_path, spec.read_only, &sb.workspace.size))
+            .chain(
+                sb.extra_mounts()
+                    .iter()
+                    .map(|m| (&m.mount_path, m.read_only, &m.size)),
+            )
+            .map(|(path, read_only, size)| pb::WorkspaceMount {
+                workspace_id: String::new(),
+                mount_path: path.clone(),
+                mode: if read_only {
+                    pb::MountMode::ReadOnly
+                } else {
+                    pb::MountMode::ReadWrite
+                } as i32,
+                size: size.to_string(),
+            })
+            .collect(),
         egress_base: spec
             .egress
             .clone()
@@ -297,13 +308,6 @@ impl Platform {
         if let Some(m) = mounts.iter().find(|m| !m.workspace_id.is_empty()) {
             return Err(Error::NotFound(format!("workspace {}", m.workspace_id)));
         }
-        if mounts.len() > 1 {
-            return Err(Error::Unimplemented(format!(
-                "{} ephemeral workspaces: a node sandbox has one workspace mount until durable \
-                 workspaces (issue 22)",
-                mounts.len()
-            )));
-        }
         let res = match &r.resources {
             Some(x) => records::Resources {
                 cpu_millis: x.cpu_millis,
@@ -343,11 +347,27 @@ impl Platform {
         let mut wl_env: BTreeMap<String, String> = env.env.clone();
         wl_env.extend(r.env.clone());
         let mount = mounts.first();
-        let size = match mount.map(|m| m.size.as_str()) {
+        // A mount's size: its own, else the request's (or environment's) disk_bytes, else the
+        // node's default workspace size.
+        let size_of = |m: Option<&records::Mount>| match m.map(|m| m.size.as_str()) {
             Some(s) if !s.is_empty() => s.to_string(),
             _ if res.disk_bytes > 0 => res.disk_bytes.to_string(),
             _ => String::new(),
         };
+        let size = size_of(mount);
+        let mut extra = Vec::new();
+        for m in mounts.iter().skip(1) {
+            // Zero (no size anywhere) is the node's default: the node resolves and bounds it.
+            // (check_mounts parsed every size given.)
+            let size = size_of(Some(m))
+                .parse()
+                .unwrap_or_else(|_| crate::size::ByteSize::zero());
+            extra.push(ExtraMount {
+                mount_path: m.mount_path.clone(),
+                size,
+                read_only: m.read_only,
+            });
+        }
         let spec = PlatformSpec {
             namespace: ns.to_string(),
             environment: env_name.to_string(),
@@ -363,6 +383,8 @@ impl Platform {
                 .as_ref()
                 .and_then(|e| serde_json::to_value(e).ok()),
             idempotency_key: r.idempotency_key.clone(),
+            read_only: mount.is_some_and(|m| m.read_only),
+            mounts: extra,
         };
         let session_id = if r.idempotency_key.is_empty() {
             format!("platform/{}", uuid::Uuid::new_v4())

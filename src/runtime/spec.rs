@@ -39,6 +39,10 @@ pub struct SandboxSpec<'a> {
     pub workspace_dir: &'a Path,
     /// Where the workspace is mounted inside.
     pub mount_path: &'a str,
+    /// The workspace is read-only inside.
+    pub read_only: bool,
+    /// More workspace mounts (a platform sandbox's second and later ones).
+    pub extra_mounts: Vec<BindMount>,
     /// Read-only host directory mounted at `/.compute` (helpers such as a static init).
     pub helpers_dir: Option<&'a Path>,
     /// The OCI cgroupsPath.
@@ -49,6 +53,23 @@ pub struct SandboxSpec<'a> {
     pub memory_limit: i64,
     /// pids limit.
     pub pids_limit: i64,
+}
+
+/// A host directory bind-mounted into a sandbox.
+#[derive(Debug, Clone)]
+pub struct BindMount {
+    /// The host directory.
+    pub source: std::path::PathBuf,
+    /// Where the sandbox sees it.
+    pub destination: String,
+    /// Read-only inside.
+    pub read_only: bool,
+}
+
+fn bind(source: &Path, destination: &str, read_only: bool) -> Value {
+    let mode = if read_only { "ro" } else { "rw" };
+    json!({"destination": destination, "type": "bind",
+           "source": source.display().to_string(), "options": ["rbind", mode]})
 }
 
 fn caps() -> Value {
@@ -75,9 +96,11 @@ pub fn sandbox_spec(s: &SandboxSpec<'_>) -> Vec<u8> {
                "options": ["nosuid", "noexec", "nodev", "ro"]}),
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "mode=1777"]}),
-        json!({"destination": s.mount_path, "type": "bind",
-               "source": s.workspace_dir.display().to_string(), "options": ["rbind", "rw"]}),
+        bind(s.workspace_dir, s.mount_path, s.read_only),
     ];
+    for m in &s.extra_mounts {
+        mounts.push(bind(&m.source, &m.destination, m.read_only));
+    }
     if let Some(h) = s.helpers_dir {
         mounts.push(json!({"destination": "/.compute", "type": "bind",
             "source": h.display().to_string(), "options": ["rbind", "ro"]}));
@@ -156,6 +179,12 @@ mod tests {
             env: vec![],
             workspace_dir: ws,
             mount_path: "/workspace",
+            read_only: false,
+            extra_mounts: vec![BindMount {
+                source: "/var/lib/compute/workspaces/x/mounts/1/data".into(),
+                destination: "/data".into(),
+                read_only: true,
+            }],
             helpers_dir: None,
             cgroups_path: "/compute/x".into(),
             cpu_quota: 25000,
@@ -171,9 +200,14 @@ mod tests {
             .unwrap()
             .starts_with("PATH="));
         let mounts = v["mounts"].as_array().unwrap();
-        assert!(mounts
-            .iter()
-            .any(|m| m["destination"] == "/workspace" && m["source"] == ws.display().to_string()));
+        let at = |dest: &str| mounts.iter().find(|m| m["destination"] == dest).unwrap();
+        assert_eq!(at("/workspace")["source"], ws.display().to_string());
+        assert_eq!(at("/workspace")["options"][1], "rw");
+        assert_eq!(
+            at("/data")["source"],
+            "/var/lib/compute/workspaces/x/mounts/1/data"
+        );
+        assert_eq!(at("/data")["options"][1], "ro");
     }
 
     #[test]

@@ -217,6 +217,18 @@ impl Paths {
         }
     }
 
+    /// The paths of the sandbox's extra mount `i` (1..8: a platform sandbox's second and
+    /// later workspace mounts), each a volume of its own under `<base>/mounts/<i>`, so it has a
+    /// size cap of its own and goes with the sandbox's workspace.
+    pub fn extra(&self, i: usize) -> Self {
+        let base = self.base.join("mounts").join(i.to_string());
+        Self {
+            data: base.join("data"),
+            tombstone: base.join("tombstone.json"),
+            base,
+        }
+    }
+
     /// Creates the workspace directories.
     pub fn create(&self) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
