@@ -1,5 +1,6 @@
 //! The platform API's sandboxes on ours (issue 17): create from an environment until RUNNING
-//! against compute.v1's create until READY, in turns on one daemon; and how fast a change
+//! (also from one with 4 ephemeral mounts) against compute.v1's create until READY, in turns
+//! on one daemon; and how fast a change
 //! reaches a watcher and new output a follower, on the node and through a `computed router`
 //! in front of it.
 
@@ -21,6 +22,8 @@ pub struct Measured {
     pub v1_ready_ms: Vec<f64>,
     /// platform CreateSandbox → RUNNING, seen on a WatchSandbox opened after the create.
     pub platform_running_ms: Vec<f64>,
+    /// The same, from an environment with 4 ephemeral mounts (4 volumes, 4 loop devices).
+    pub mounts_running_ms: Vec<f64>,
     /// A state change (the sandbox's updated_at) → the watcher's event, on the node.
     pub watch_ms: Vec<f64>,
     /// A line the workload stamped with its clock → the follower's entry, on the node.
@@ -58,17 +61,36 @@ async fn setup(root: Channel) -> Result<Sbx> {
             }),
         })
         .await;
+    let _ = ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
+        .create_environment(ppb::CreateEnvironmentRequest {
+            environment: Some(ppb::Environment {
+                namespace: NS.into(),
+                name: "py-mounts".into(),
+                image: IMAGE.into(),
+                default_argv: vec!["sleep".into(), "0.3".into()],
+                workspaces: ["/workspace", "/data", "/cache", "/models"]
+                    .iter()
+                    .map(|p| ppb::WorkspaceMount {
+                        mount_path: p.to_string(),
+                        size: "1Gi".into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+        })
+        .await;
     Ok(Sbx::new(root))
 }
 
 /// One platform sandbox: create, watch until its workload exited, delete. Returns the time to
 /// RUNNING and the watch latency of each change the watch saw happen.
-async fn watched_round(s: &mut Sbx) -> Result<(Duration, Vec<f64>)> {
+async fn watched_round(s: &mut Sbx, environment: &str) -> Result<(Duration, Vec<f64>)> {
     let t0 = Instant::now();
     let sb = s
         .create_sandbox(ppb::CreateSandboxRequest {
             namespace: NS.into(),
-            environment: "py".into(),
+            environment: environment.into(),
             ..Default::default()
         })
         .await
@@ -164,25 +186,34 @@ async fn followed(s: &mut Sbx) -> Result<Vec<f64>> {
     Ok(out)
 }
 
-/// `rounds` pairs in turns (after one warm-up pair), a follower; then a router in front of the
+/// `rounds` triples in turns (after one warm-up triple), a follower; then a router in front of the
 /// node and `rounds` watched sandboxes and a follower through it.
 pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
     let mut s = setup(computed::client::unix_channel(&o.socket()).await?).await?;
     let mut m = Measured::default();
     for i in 0..=rounds {
-        let first_v1 = i % 2 == 0;
-        for v1 in [first_v1, !first_v1] {
-            if v1 {
-                let (id, d) = o.create_ready().await.context("compute.v1 create")?;
-                if i > 0 {
-                    m.v1_ready_ms.push(d.as_secs_f64() * 1000.0);
+        // compute.v1, platform, platform with mounts: each first in turn.
+        for k in 0..3 {
+            match (i + k) % 3 {
+                0 => {
+                    let (id, d) = o.create_ready().await.context("compute.v1 create")?;
+                    if i > 0 {
+                        m.v1_ready_ms.push(d.as_secs_f64() * 1000.0);
+                    }
+                    o.destroy(&id).await?;
                 }
-                o.destroy(&id).await?;
-            } else {
-                let (r, lat) = watched_round(&mut s).await?;
-                if i > 0 {
-                    m.platform_running_ms.push(r.as_secs_f64() * 1000.0);
-                    m.watch_ms.extend(lat);
+                1 => {
+                    let (r, lat) = watched_round(&mut s, "py").await?;
+                    if i > 0 {
+                        m.platform_running_ms.push(r.as_secs_f64() * 1000.0);
+                        m.watch_ms.extend(lat);
+                    }
+                }
+                _ => {
+                    let (r, _) = watched_round(&mut s, "py-mounts").await?;
+                    if i > 0 {
+                        m.mounts_running_ms.push(r.as_secs_f64() * 1000.0);
+                    }
                 }
             }
         }
@@ -225,7 +256,7 @@ pub async fn run(o: &Ours, rounds: usize) -> Result<Measured> {
         let mut r = setup(computed::client::unix_channel(&sock).await?).await?;
         let mut watch = Vec::new();
         for _ in 0..rounds {
-            watch.extend(watched_round(&mut r).await?.1);
+            watch.extend(watched_round(&mut r, "py").await?.1);
         }
         Ok((watch, followed(&mut r).await?))
     }

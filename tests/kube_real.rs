@@ -730,6 +730,14 @@ fn overlays(c: &Cluster) {
                 ] {
                     assert_eq!(flag(&args, f).map(PathBuf::from), Some(want), "{f}");
                 }
+                // The platform peer secret: one Secret, mounted into both.
+                let node_peer = secret_dir(&dspec, nc, "computed-platform-peer");
+                let router_peer = secret_dir(&rspec, rc, "computed-platform-peer");
+                assert_eq!(cfg.platform_peer_secret, node_peer.join("secret"));
+                assert_eq!(
+                    flag(&args, "--platform-peer-secret").map(PathBuf::from),
+                    Some(router_peer.join("secret"))
+                );
                 // One node certificate for all nodes: checked by name, not by pod IP.
                 assert_eq!(
                     flag(&args, "--node-tls-server-name"),
