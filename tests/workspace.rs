@@ -705,3 +705,38 @@ async fn a_reader_never_sees_a_torn_write() {
     assert!(reads > 5, "only {reads} reads overlapped the writes");
     assert_eq!(seen.len(), 2, "both versions were observed");
 }
+
+/// The loop devices backed by files under `dir` (`losetup -a`).
+fn loops_under(dir: &Path) -> Vec<String> {
+    let out = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&dir.display().to_string()))
+        .map(String::from)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_destroyed_volume_lets_go_of_its_loop_device_while_other_sandboxes_live() {
+    need!();
+    let (d, mut c) = start_client("loop-release", "").await;
+    // `gone`'s volume is mounted on the host when `live` starts: `live`'s runtime processes get
+    // mount namespaces that are copies of the host's, with that mount in them.
+    let gone = ready_sandbox(&mut c, create_req("t", "loop-gone")).await;
+    let live = ready_sandbox(&mut c, create_req("t", "loop-live")).await;
+    assert_eq!(sh(&mut c, &live, "echo up").await, "up\n");
+    let dir = d.state_dir().join("workspaces").join(&gone);
+    assert_eq!(loops_under(&dir).len(), 1, "{:?}", loops_under(&dir));
+    destroy(&mut c, &gone).await;
+    // Detached on the host, and nowhere else either: the loop device is released while `live`
+    // still runs (a copy of the mount in its namespaces would hold it until `live` ended).
+    let t0 = std::time::Instant::now();
+    while !loops_under(&dir).is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(loops_under(&dir), Vec::<String>::new());
+    assert_eq!(sh(&mut c, &live, "echo still").await, "still\n");
+}
