@@ -523,65 +523,53 @@ async fn run(
         if let Err(e) = &r {
             eprintln!("compute-bench: platform sandboxes: {e:#}");
         }
-        let ratio = r.as_ref().ok().and_then(|m| {
-            let p = Dist::of(&m.platform_running_ms, Better::Lower)?;
-            let v = Dist::of(&m.v1_ready_ms, Better::Lower)?;
-            Some((p.p50 / v.p50 * 1000.0).round() / 1000.0)
-        });
-        let mut ours_side = side_of(&r, |m| {
-            Side::measured(Dist::of(&m.platform_running_ms, Better::Lower))
-        });
-        if let Some(x) = ratio {
-            ours_side = ours_side.with("p50_ratio_to_compute_v1", x);
-        }
-        push(Scenario {
-            name: "platform_create_to_running",
-            unit: "ms",
-            better: Better::Lower,
-            ours: ours_side,
-            baseline: side_of(&r, |m| {
-                Side::measured(Dist::of(&m.v1_ready_ms, Better::Lower))
-            }),
-            notes: vec![format!(
-                "one daemon, {rounds} rounds in turns (after a warm-up round); ours: \
-                 platform.v1 CreateSandbox from an environment (as root on the socket) until a \
-                 WatchSandbox opened after it says RUNNING; baseline: compute.v1 CreateSandbox \
-                 until DescribeSandbox (every 5 ms) says READY, on the same daemon; target: \
-                 p50 ratio <= 1.05{}",
-                ratio
-                    .map(|x| format!(" (measured {x})"))
-                    .unwrap_or_default()
-            )],
-        });
-        let ratio = r.as_ref().ok().and_then(|m| {
-            let p = Dist::of(&m.mounts_running_ms, Better::Lower)?;
-            let v = Dist::of(&m.v1_ready_ms, Better::Lower)?;
-            Some((p.p50 / v.p50 * 1000.0).round() / 1000.0)
-        });
-        let mut ours_side = side_of(&r, |m| {
-            Side::measured(Dist::of(&m.mounts_running_ms, Better::Lower))
-        });
-        if let Some(x) = ratio {
-            ours_side = ours_side.with("p50_ratio_to_compute_v1", x);
-        }
-        push(Scenario {
-            name: "platform_create_4_mounts_to_running",
-            unit: "ms",
-            better: Better::Lower,
-            ours: ours_side,
-            baseline: side_of(&r, |m| {
-                Side::measured(Dist::of(&m.v1_ready_ms, Better::Lower))
-            }),
-            notes: vec![format!(
+        type Pick = fn(&platform::Measured) -> Vec<f64>;
+        for (name, pick, what) in [
+            (
+                "platform_create_to_running",
+                (|m| m.platform_running_ms.clone()) as Pick,
+                format!(
+                    "one daemon, {rounds} rounds in turns (after a warm-up round); ours: \
+                     platform.v1 CreateSandbox from an environment (as root on the socket) until \
+                     a WatchSandbox opened after it says RUNNING; baseline: compute.v1 \
+                     CreateSandbox until DescribeSandbox (every 5 ms) says READY, on the same \
+                     daemon; target: p50 ratio <= 1.05"
+                ),
+            ),
+            (
+                "platform_create_4_mounts_to_running",
+                |m| m.mounts_running_ms.clone(),
                 "as platform_create_to_running (in the same turns), from an environment with 4 \
                  ephemeral 1Gi mounts: 4 ext4-loop volumes made, mounted and bound into the \
-                 sandbox, against compute.v1's one; no target (the cost of 3 more volumes){}",
-                ratio
-                    .map(|x| format!(" (measured {x})"))
-                    .unwrap_or_default()
-            )],
-        });
-        type Pick = fn(&platform::Measured) -> Vec<f64>;
+                 sandbox, against compute.v1's one; no target (the cost of 3 more volumes)"
+                    .to_string(),
+            ),
+        ] {
+            let ratio = r.as_ref().ok().and_then(|m| {
+                let p = Dist::of(&pick(m), Better::Lower)?;
+                let v = Dist::of(&m.v1_ready_ms, Better::Lower)?;
+                Some((p.p50 / v.p50 * 1000.0).round() / 1000.0)
+            });
+            let mut ours_side = side_of(&r, |m| Side::measured(Dist::of(&pick(m), Better::Lower)));
+            if let Some(x) = ratio {
+                ours_side = ours_side.with("p50_ratio_to_compute_v1", x);
+            }
+            push(Scenario {
+                name,
+                unit: "ms",
+                better: Better::Lower,
+                ours: ours_side,
+                baseline: side_of(&r, |m| {
+                    Side::measured(Dist::of(&m.v1_ready_ms, Better::Lower))
+                }),
+                notes: vec![format!(
+                    "{what}{}",
+                    ratio
+                        .map(|x| format!(" (measured {x})"))
+                        .unwrap_or_default()
+                )],
+            });
+        }
         for (name, what, pick) in [
             (
                 "platform_watch_latency",

@@ -92,12 +92,7 @@ impl Census {
             })
             .map(String::from)
             .collect();
-        let losetup = Command::new("losetup").arg("-a").output().unwrap();
-        let loops = String::from_utf8_lossy(&losetup.stdout)
-            .lines()
-            .filter(|l| l.contains(&state))
-            .map(String::from)
-            .collect();
+        let loops = loops_mentioning(&state);
         let cgroups = ids.iter().flat_map(|id| cgroups_of(id)).collect();
         let mut fifos = Vec::new();
         walk_fifos(&d.run_dir(), &mut fifos);

@@ -1700,13 +1700,9 @@ fn exec_only(ns: &str, env: &str) -> pb::CreateSandboxRequest {
 
 /// The host's mount points under `dir` (this process's mountinfo).
 fn mounts_under(dir: &std::path::Path) -> Vec<String> {
-    let prefix = format!("{}/", dir.display());
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| mp.starts_with(&prefix))
-        .map(str::to_string)
+    mounts_mentioning(&format!("{}/", dir.display()))
+        .iter()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
         .collect()
 }
 

@@ -706,17 +706,9 @@ async fn a_reader_never_sees_a_torn_write() {
     assert_eq!(seen.len(), 2, "both versions were observed");
 }
 
-/// The loop devices backed by files under `dir` (`losetup -a`).
+/// The loop devices backed by files under `dir`.
 fn loops_under(dir: &Path) -> Vec<String> {
-    let out = std::process::Command::new("losetup")
-        .arg("-a")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(&dir.display().to_string()))
-        .map(String::from)
-        .collect()
+    loops_mentioning(&format!("{}/", dir.display()))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -867,6 +867,16 @@ pub fn mounts_mentioning(needle: &str) -> Vec<String> {
         .collect()
 }
 
+/// Loop devices (`losetup -a` lines) that mention `needle`, e.g. a state dir their files are in.
+pub fn loops_mentioning(needle: &str) -> Vec<String> {
+    let out = Command::new("losetup").arg("-a").output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(String::from)
+        .collect()
+}
+
 /// cgroup directories named for `id`, anywhere under /sys/fs/cgroup (two levels deep).
 pub fn cgroups_of(id: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
