@@ -20,6 +20,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, Notify};
 
 use crate::relay::frame::Flow;
+use crate::relay::ToAgent;
 
 /// Default per-exec window.
 pub const DEFAULT_WINDOW: usize = 1 << 20;
@@ -40,7 +41,7 @@ pub struct Window {
 #[derive(Debug)]
 struct Credit {
     req_id: u64,
-    tx: mpsc::UnboundedSender<Flow>,
+    tx: mpsc::UnboundedSender<ToAgent>,
     unsent: AtomicUsize,
     batch: usize,
 }
@@ -58,7 +59,11 @@ impl Window {
 
     /// A window of `limit` bytes whose producer (an agent's exec `req_id`) is paced by the
     /// credit sent on `tx`.
-    pub fn with_credit(limit: usize, req_id: u64, tx: mpsc::UnboundedSender<Flow>) -> Arc<Self> {
+    pub fn with_credit(
+        limit: usize,
+        req_id: u64,
+        tx: mpsc::UnboundedSender<ToAgent>,
+    ) -> Arc<Self> {
         let limit = limit.max(1);
         Arc::new(Self {
             limit,
@@ -115,11 +120,11 @@ impl Window {
             if unsent >= c.batch {
                 let credit = c.unsent.swap(0, Ordering::AcqRel);
                 if credit > 0 {
-                    let _ = c.tx.send(Flow {
+                    let _ = c.tx.send(ToAgent::Flow(Flow {
                         req_id: c.req_id,
                         credit: credit as u64,
                         window: 0,
-                    });
+                    }));
                 }
             }
         }
@@ -191,15 +196,18 @@ mod tests {
         drop(it.next());
         assert_eq!(
             rx.try_recv().unwrap(),
-            Flow {
+            ToAgent::Flow(Flow {
                 req_id: 7,
                 credit: 100,
                 window: 0
-            }
+            })
         );
         drop(it);
         let total: u64 = std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|f| f.credit)
+            .map(|f| match f {
+                ToAgent::Flow(f) => f.credit,
+                other => panic!("{other:?}"),
+            })
             .sum();
         assert_eq!(total, 300, "everything taken is credited back");
         assert_eq!(w.held(), 0);

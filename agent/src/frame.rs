@@ -8,6 +8,20 @@
 //! [`FLOW_MAGIC`] and a [`Flow`], the agent-private flow control of exec output (see
 //! `crate::flow`). It is not part of sandbox.v1: a reader that does not know it (an agent from
 //! before it) skips it as noise, and external workers never see it.
+//!
+//! Interactive execs add two more, also between the node daemon and its agent only:
+//!
+//! * [`CONTROL_MAGIC`] and a [`Control`] (daemon → agent): start an interactive exec (a tty or
+//!   streamed stdin), its stdin bytes, stdin's end, a terminal resize, an abort. All of one
+//!   exec's controls travel in order on one channel, so a start is never overtaken by its
+//!   stdin or its abort.
+//! * [`FLOW_MAGIC`] and a [`Flow`] the other way (agent → daemon): stdin credit. The daemon
+//!   sends at most [`Start::stdin_window`] bytes of an exec's stdin that the agent has not yet
+//!   credited back; the agent credits them as the process takes them (written into its pipe or
+//!   terminal), so a process that does not read stdin stops the client, not memory.
+//!
+//! An agent that serves them says so in its Hello's capabilities ([`INTERACTIVE_CAPABILITY`]);
+//! the daemon sends none to an agent that does not.
 
 use prost::Message;
 
@@ -15,6 +29,10 @@ use prost::Message;
 pub const MAGIC: &[u8; 4] = b"SBX\x01";
 /// Start of an agent-private flow-control frame (daemon → agent).
 pub const FLOW_MAGIC: &[u8; 4] = b"SBX\x02";
+/// Start of an agent-private control frame (daemon → agent): [`Control`].
+pub const CONTROL_MAGIC: &[u8; 4] = b"SBX\x03";
+/// The Hello capability of an agent that takes [`Control`] frames.
+pub const INTERACTIVE_CAPABILITY: &str = "compute/interactive-exec";
 /// Largest frame accepted (a 16 MiB chunk plus room).
 pub const MAX_FRAME: usize = 17 << 20;
 
@@ -39,13 +57,76 @@ pub struct Flow {
     pub window: u64,
 }
 
-/// One frame read: a sandbox.v1 message, or an agent-private flow-control frame.
+/// How an interactive exec starts (in a [`Control`]).
+#[derive(Clone, PartialEq, Message)]
+pub struct Start {
+    /// The exec, as sandbox.v1 has it (its `stdin` bytes, if any, are written first).
+    #[prost(message, optional, tag = "1")]
+    pub exec: Option<crate::pb::Exec>,
+    /// Run it on a new pseudo-terminal: stdin, stdout and stderr are the terminal (all output
+    /// comes as stdout), the process leads a new session whose controlling terminal it is.
+    #[prost(bool, tag = "2")]
+    pub tty: bool,
+    /// The terminal's initial size (0: 24 rows, 80 columns).
+    #[prost(uint32, tag = "3")]
+    pub rows: u32,
+    /// Columns (0: 80).
+    #[prost(uint32, tag = "4")]
+    pub cols: u32,
+    /// Stdin comes in [`Control::data`] frames until [`Control::eof`] (without a tty, a pipe;
+    /// false and no tty: `/dev/null` after the exec's own stdin bytes).
+    #[prost(bool, tag = "5")]
+    pub stdin: bool,
+    /// Most stdin bytes the daemon sends ahead of the agent's credit.
+    #[prost(uint64, tag = "6")]
+    pub stdin_window: u64,
+}
+
+/// A terminal size.
+#[derive(Clone, Copy, PartialEq, Eq, Message)]
+pub struct TtySize {
+    /// Rows.
+    #[prost(uint32, tag = "1")]
+    pub rows: u32,
+    /// Columns.
+    #[prost(uint32, tag = "2")]
+    pub cols: u32,
+}
+
+/// An agent-private control of exec `req_id`, daemon → agent. The fields that are set apply
+/// in this order: start, data, eof, resize, abort.
+#[derive(Clone, PartialEq, Message)]
+pub struct Control {
+    /// The exec.
+    #[prost(uint64, tag = "1")]
+    pub req_id: u64,
+    /// Start it (instead of a sandbox.v1 Exec frame).
+    #[prost(message, optional, tag = "2")]
+    pub start: Option<Start>,
+    /// Stdin bytes, within the credit.
+    #[prost(bytes = "vec", tag = "3")]
+    pub data: Vec<u8>,
+    /// Stdin ends: without a tty its pipe is closed once everything before is written; with
+    /// a tty the terminal's end-of-file character (^D) is typed.
+    #[prost(bool, tag = "4")]
+    pub eof: bool,
+    /// The terminal's new size (the foreground process group gets SIGWINCH).
+    #[prost(message, optional, tag = "5")]
+    pub resize: Option<TtySize>,
+    /// Abort it, as sandbox.v1's Abort does (a second one kills at once).
+    #[prost(bool, tag = "6")]
+    pub abort: bool,
+}
+
+/// One frame read: a sandbox.v1 message, or an agent-private frame.
 #[derive(Debug, PartialEq)]
 pub enum Frame<M> {
     /// A sandbox.v1 message.
     Message(M),
-    /// Flow control.
+    /// Flow control (daemon → agent: output credit; agent → daemon: stdin credit).
     Flow(Flow),
+    /// Control of an interactive exec (daemon → agent).
+    Control(Control),
 }
 
 /// Encodes one message as a frame.
@@ -56,6 +137,11 @@ pub fn encode<M: Message>(m: &M) -> Vec<u8> {
 /// Encodes a flow-control frame.
 pub fn encode_flow(f: &Flow) -> Vec<u8> {
     encode_with(FLOW_MAGIC, f)
+}
+
+/// Encodes a control frame.
+pub fn encode_control(c: &Control) -> Vec<u8> {
+    encode_with(CONTROL_MAGIC, c)
 }
 
 fn encode_with<M: Message>(magic: &[u8; 4], m: &M) -> Vec<u8> {
@@ -81,13 +167,13 @@ impl Reader {
         self.buf.extend_from_slice(data);
     }
 
-    /// The next whole sandbox.v1 message, if one is buffered (flow-control frames are
+    /// The next whole sandbox.v1 message, if one is buffered (agent-private frames are
     /// skipped).
     pub fn next_message<M: Message + Default>(&mut self) -> Option<M> {
         loop {
             match self.next_frame()? {
                 Frame::Message(m) => return Some(m),
-                Frame::Flow(_) => continue,
+                Frame::Flow(_) | Frame::Control(_) => continue,
             }
         }
     }
@@ -99,7 +185,7 @@ impl Reader {
             match self
                 .buf
                 .windows(4)
-                .position(|w| w == MAGIC || w == FLOW_MAGIC)
+                .position(|w| w == MAGIC || w == FLOW_MAGIC || w == CONTROL_MAGIC)
             {
                 Some(0) => {}
                 Some(i) => {
@@ -129,12 +215,11 @@ impl Reader {
             if self.buf.len() < 8 + len {
                 return None;
             }
-            let flow = self.buf[..4] == FLOW_MAGIC[..];
             let body = &self.buf[8..8 + len];
-            let decoded = if flow {
-                Flow::decode(body).map(Frame::Flow)
-            } else {
-                M::decode(body).map(Frame::Message)
+            let decoded = match &self.buf[..4] {
+                m if m == FLOW_MAGIC => Flow::decode(body).map(Frame::Flow),
+                m if m == CONTROL_MAGIC => Control::decode(body).map(Frame::Control),
+                _ => M::decode(body).map(Frame::Message),
             };
             self.buf.drain(..8 + len);
             match decoded {

@@ -93,6 +93,8 @@ pub fn exec_request(r: pb::ExecCommandRequest) -> Result<exec::ExecRequest, node
         working_dir: r.working_dir,
         timeout: r.timeout.as_ref().map(from_duration).transpose()?,
         workload: None,
+        tty: None,
+        uncapped: false,
     })
 }
 

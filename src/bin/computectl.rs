@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 use computed::cli::{
     self, doctor::DoctorArgs, exec::ExecArgs, image::ImageCmd, ls::LsArgs, platform,
-    relay::RelayCmd, top::TopArgs, trash::TrashCmd, Target,
+    relay::RelayCmd, shell::ShellArgs, top::TopArgs, trash::TrashCmd, Target,
 };
 
 #[derive(Parser)]
@@ -13,7 +13,7 @@ use computed::cli::{
     name = "computectl",
     version,
     about = "Inspect and manage the sandboxes of one node",
-    after_help = "Examples:\n  computectl ls\n  computectl describe 3f2a…\n  computectl exec 3f2a… -- python3 -c 'print(42)'\n  computectl cp ./data.csv 3f2a…:data.csv\n  computectl top\n  computectl doctor\n  computectl ns create team-a\n  computectl key create ci -n team-a --role operator\n  computectl --addr router:50051 --api-key $KEY env ls team-a"
+    after_help = "Examples:\n  computectl ls\n  computectl describe 3f2a…\n  computectl exec 3f2a… -- python3 -c 'print(42)'\n  computectl shell 3f2a…\n  computectl cp ./data.csv 3f2a…:data.csv\n  computectl top\n  computectl doctor\n  computectl ns create team-a\n  computectl key create ci -n team-a --role operator\n  computectl --addr router:50051 --api-key $KEY env ls team-a"
 )]
 struct Args {
     #[command(flatten)]
@@ -33,6 +33,8 @@ enum Cmd {
     },
     /// Run a command in a sandbox; exits with its code.
     Exec(ExecArgs),
+    /// An interactive shell in a sandbox (`exec -i -t ID -- /bin/sh`).
+    Shell(ShellArgs),
     /// Copy a file to or from a workspace: `cp LOCAL ID:PATH` or `cp ID:PATH LOCAL`.
     Cp {
         /// Source.
@@ -137,6 +139,7 @@ fn main() -> ExitCode {
             Cmd::Ls(a) => cli::ls::run(&t, a).await.map(|_| 0),
             Cmd::Describe { id } => cli::describe::run(&t, &id).await.map(|_| 0),
             Cmd::Exec(a) => cli::exec::run(&t, a).await,
+            Cmd::Shell(a) => cli::shell::run(&t, a).await,
             Cmd::Cp { src, dst } => cli::cp::run(&t, &src, &dst).await.map(|_| 0),
             Cmd::Top(a) => cli::top::run(&t, a).await.map(|_| 0),
             Cmd::Destroy { ids } => cli::destroy::run(&t, &ids).await.map(|_| 0),

@@ -11,6 +11,7 @@ pub mod local_image;
 pub mod ls;
 pub mod platform;
 pub mod relay;
+pub mod shell;
 pub mod top;
 pub mod trash;
 

@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use super::{blocking, Error, Node, Result, Sandbox};
 use crate::api::sandbox::v1 as pb;
-use crate::relay::frame;
+use crate::relay::{frame, ToAgent};
 
 /// How long after a sandbox's start its agent's Hello may take before execs stop waiting for
 /// it (and go through containerd).
@@ -167,7 +167,8 @@ impl Node {
                             _ => return,
                         },
                         c = credit.recv() => match c {
-                            Some(c) => frame::encode_flow(&c),
+                            Some(ToAgent::Flow(c)) => frame::encode_flow(&c),
+                            Some(ToAgent::Control(c)) => frame::encode_control(&c),
                             None => return,
                         },
                     };
@@ -192,7 +193,18 @@ impl Node {
                 r = from_agent.read(&mut buf) => {
                     let n = r?;
                     reader.push(&buf[..n]);
-                    while let Some(f) = reader.next_message::<pb::WorkerFrame>() {
+                    while let Some(f) = reader.next_frame::<pb::WorkerFrame>() {
+                        let f = match f {
+                            frame::Frame::Message(m) => m,
+                            // Stdin credit of an interactive exec.
+                            frame::Frame::Flow(c) => {
+                                if let Some(w) = &worker {
+                                    relay.on_stdin_credit(w, c);
+                                }
+                                continue;
+                            }
+                            frame::Frame::Control(_) => continue,
+                        };
                         let is_hello = matches!(f.msg, Some(pb::worker_frame::Msg::Hello(_)));
                         match (&worker, is_hello) {
                             (None, true) => {

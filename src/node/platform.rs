@@ -444,6 +444,8 @@ impl Node {
             working_dir: spec.working_dir.clone(),
             timeout: Some(left),
             workload: Some(req_id),
+            tty: None,
+            uncapped: false,
         };
         let log = match self.run_log(&sb.id).await {
             Ok(l) => l,

@@ -70,8 +70,93 @@ impl Events {
     }
 }
 
-/// Flow control frames for an in-sandbox agent.
-pub type CreditRx = mpsc::UnboundedReceiver<frame::Flow>;
+/// The agent-private frames the relay sends an in-sandbox agent (`frame`): output credit,
+/// and the controls of interactive execs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToAgent {
+    /// Output credit.
+    Flow(frame::Flow),
+    /// Start, stdin, resize or abort of an interactive exec.
+    Control(frame::Control),
+}
+
+/// The agent-private frames for an in-sandbox agent, in the order they are to be written.
+pub type ControlRx = mpsc::UnboundedReceiver<ToAgent>;
+
+/// Most stdin bytes of one interactive exec sent ahead of the agent's credit: what the agent
+/// holds for a process that does not read.
+pub const STDIN_WINDOW: usize = 256 << 10;
+
+/// Most stdin bytes in one control frame.
+const STDIN_CHUNK: usize = 64 << 10;
+
+/// How an interactive exec runs (see `frame::Start`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Interactive {
+    /// On a new pseudo-terminal.
+    pub tty: bool,
+    /// Its rows (0: 24).
+    pub rows: u32,
+    /// Its columns (0: 80).
+    pub cols: u32,
+    /// Stdin is streamed ([`Stdin`]).
+    pub stdin: bool,
+}
+
+/// The stdin, terminal and abort of one interactive exec on an agent. Stdin waits for the
+/// agent's credit: at most [`STDIN_WINDOW`] bytes are ahead of what the process took.
+#[derive(Debug, Clone)]
+pub struct Stdin {
+    control: mpsc::UnboundedSender<ToAgent>,
+    req_id: u64,
+    credit: Arc<tokio::sync::Semaphore>,
+}
+
+impl Stdin {
+    fn control(&self, c: frame::Control) -> Result<(), Error> {
+        self.control
+            .send(ToAgent::Control(frame::Control {
+                req_id: self.req_id,
+                ..c
+            }))
+            .map_err(|_| Error::Unavailable("the agent went away".into()))
+    }
+
+    /// Sends stdin bytes, as the agent's credit allows (waits for it). Fails once the exec
+    /// has ended.
+    pub async fn write(&self, mut data: &[u8]) -> Result<(), Error> {
+        while !data.is_empty() {
+            let n = data.len().min(STDIN_CHUNK);
+            self.credit
+                .acquire_many(n as u32)
+                .await
+                .map_err(|_| Error::Unavailable("the exec has ended".into()))?
+                .forget();
+            self.control(frame::Control {
+                data: data[..n].to_vec(),
+                ..Default::default()
+            })?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Ends stdin (after what was written).
+    pub fn close(&self) -> Result<(), Error> {
+        self.control(frame::Control {
+            eof: true,
+            ..Default::default()
+        })
+    }
+
+    /// Resizes the exec's terminal.
+    pub fn resize(&self, rows: u32, cols: u32) -> Result<(), Error> {
+        self.control(frame::Control {
+            resize: Some(frame::TtySize { rows, cols }),
+            ..Default::default()
+        })
+    }
+}
 
 /// Relay settings.
 #[derive(Debug, Clone)]
@@ -254,11 +339,11 @@ impl Relay {
     /// FIFOs; `hello` is the node's (its sandbox_id is the sandbox's). Replaces an earlier
     /// agent of the same sandbox (a re-attach). No heartbeat deadline: the link ends with the
     /// sandbox. The link carries the frames and the flow control (credit) for the agent.
-    pub fn attach_in_sandbox(&self, hello: pb::Hello) -> (Arc<Worker>, FrameRx, CreditRx) {
+    pub fn attach_in_sandbox(&self, hello: pb::Hello) -> (Arc<Worker>, FrameRx, ControlRx) {
         self.attach_with(hello, Origin::Agent)
     }
 
-    fn attach_with(&self, hello: pb::Hello, origin: Origin) -> (Arc<Worker>, FrameRx, CreditRx) {
+    fn attach_with(&self, hello: pb::Hello, origin: Origin) -> (Arc<Worker>, FrameRx, ControlRx) {
         let (tx, rx) = mpsc::channel(256);
         let (credit_tx, credit_rx) = mpsc::unbounded_channel();
         let w = Arc::new(Worker {
@@ -273,7 +358,7 @@ impl Relay {
             inflight: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(Instant::now()),
             watched: origin == Origin::Network,
-            credit: (origin == Origin::Agent).then_some(credit_tx),
+            control: (origin == Origin::Agent).then_some(credit_tx),
         });
         let old = lock(self.registry(origin)).insert(w.hello.sandbox_id.clone(), w.clone());
         if origin == Origin::Agent {
@@ -363,19 +448,21 @@ impl Relay {
                 };
                 if let Some(why) = over {
                     // End the exec here and stop it on the worker.
+                    let mut interactive = false;
                     if let Some(f) = inflight.remove(&req_id) {
+                        interactive = f.stdin.is_some();
                         let _ = f.tx.send((error_event(req_id, &why), Hold::none()));
                     }
                     drop(inflight);
                     warn!(sandbox_id = %w.hello.sandbox_id, req_id, why = %why, "exec ended");
                     let (relay, w) = (self.clone(), w.clone());
                     self.inner.tasks.spawn(async move {
-                        relay.send_abort(&w, req_id).await;
+                        relay.send_abort(&w, req_id, interactive).await;
                     });
                 }
             }
             WorkerMsg::End(e) => {
-                let Some(f) = lock(&w.inflight).remove(&e.req_id) else {
+                let Some(mut f) = lock(&w.inflight).remove(&e.req_id) else {
                     return;
                 };
                 if !f.streaming && !f.stdout.is_empty() {
@@ -383,7 +470,7 @@ impl Relay {
                         pb::ExecEvent {
                             event: Some(pb::exec_event::Event::Chunk(pb::Chunk {
                                 req_id: e.req_id,
-                                data: f.stdout,
+                                data: std::mem::take(&mut f.stdout),
                                 stream: pb::Stream::Stdout as i32,
                             })),
                         },
@@ -407,6 +494,17 @@ impl Relay {
                     ));
                 }
             }
+        }
+    }
+
+    /// Stdin credit from an in-sandbox agent: it has handed `f.credit` more bytes of exec
+    /// `f.req_id`'s stdin to the process.
+    pub fn on_stdin_credit(&self, w: &Arc<Worker>, f: frame::Flow) {
+        let inflight = lock(&w.inflight);
+        if let Some(s) = inflight.get(&f.req_id).and_then(|x| x.stdin.as_ref()) {
+            // Never past the window (a confused agent cannot grow what is sent ahead).
+            let room = STDIN_WINDOW.saturating_sub(s.available_permits());
+            s.add_permits((f.credit as usize).min(room));
         }
     }
 
@@ -465,6 +563,28 @@ impl Relay {
     }
 
     async fn exec_with(&self, req: pb::ExecRequest, agent_only: bool) -> Result<Events, Error> {
+        self.start(req, agent_only, None).await.map(|(e, _)| e)
+    }
+
+    /// Starts an interactive exec (a tty, streamed stdin) on the sandbox's in-sandbox agent,
+    /// which must say it takes them (UNAVAILABLE otherwise): its start, stdin, resizes and
+    /// abort travel in order on the agent's control channel.
+    pub async fn exec_interactive(
+        &self,
+        req: pb::ExecRequest,
+        how: Interactive,
+    ) -> Result<(Events, Stdin), Error> {
+        let (events, stdin) = self.start(req, true, Some(how)).await?;
+        let stdin = stdin.ok_or_else(|| Error::Unavailable("no stdin for the exec".into()))?;
+        Ok((events, stdin))
+    }
+
+    async fn start(
+        &self,
+        req: pb::ExecRequest,
+        agent_only: bool,
+        interactive: Option<Interactive>,
+    ) -> Result<(Events, Option<Stdin>), Error> {
         let invalid = |m: &str| Error::InvalidArgument(m.into());
         let exec = req.exec.ok_or_else(|| invalid("exec is required"))?;
         if req.sandbox_id.is_empty() {
@@ -474,8 +594,22 @@ impl Relay {
             return Err(invalid("command is required"));
         }
         let w = self.wait_worker(&req.sandbox_id, agent_only).await?;
+        let stdin = match (interactive, &w.control) {
+            (None, _) => None,
+            (Some(_), Some(control)) if w.interactive() => Some(Stdin {
+                control: control.clone(),
+                req_id: exec.req_id,
+                credit: Arc::new(tokio::sync::Semaphore::new(STDIN_WINDOW)),
+            }),
+            (Some(_), _) => {
+                return Err(Error::Unavailable(format!(
+                    "the agent of sandbox {} takes no interactive execs",
+                    req.sandbox_id
+                )))
+            }
+        };
         let (tx, rx) = mpsc::unbounded_channel();
-        let window = match &w.credit {
+        let window = match &w.control {
             Some(credit) => {
                 Window::with_credit(self.inner.settings.exec_window, exec.req_id, credit.clone())
             }
@@ -494,20 +628,39 @@ impl Relay {
                 exec.req_id,
                 Inflight {
                     tx: tx.clone(),
-                    streaming: exec.streaming,
+                    streaming: exec.streaming || interactive.is_some(),
                     stdout: Vec::new(),
                     window,
+                    stdin: stdin.as_ref().map(|s| s.credit.clone()),
                 },
             );
         }
         let req_id = exec.req_id;
-        if w.tx
-            .send(Ok(pb::ServerFrame {
-                msg: Some(ServerMsg::Exec(exec)),
-            }))
-            .await
-            .is_err()
-        {
+        let sent = match (&stdin, interactive) {
+            (Some(s), Some(how)) => s
+                .control(frame::Control {
+                    start: Some(frame::Start {
+                        // The same sandbox.v1 message, as the agent crate's type.
+                        exec: prost::Message::decode(prost::Message::encode_to_vec(&exec).as_slice())
+                            .ok(),
+                        tty: how.tty,
+                        rows: how.rows,
+                        cols: how.cols,
+                        stdin: how.stdin,
+                        stdin_window: STDIN_WINDOW as u64,
+                    }),
+                    ..Default::default()
+                })
+                .is_ok(),
+            _ => w
+                .tx
+                .send(Ok(pb::ServerFrame {
+                    msg: Some(ServerMsg::Exec(exec)),
+                }))
+                .await
+                .is_ok(),
+        };
+        if !sent {
             lock(&w.inflight).remove(&req_id);
             return Err(Error::Unavailable("worker went away".into()));
         }
@@ -516,11 +669,12 @@ impl Relay {
         let w2 = w.clone();
         self.inner.tasks.spawn(async move {
             tx.closed().await;
-            if lock(&w2.inflight).remove(&req_id).is_some() {
-                relay.send_abort(&w2, req_id).await;
+            let gone = lock(&w2.inflight).remove(&req_id);
+            if let Some(f) = gone {
+                relay.send_abort(&w2, req_id, f.stdin.is_some()).await;
             }
         });
-        Ok(Events { rx })
+        Ok((Events { rx }, stdin))
     }
 
     /// Takes up the output of exec `req_id` that the agent of `sandbox_id` started for an
@@ -546,7 +700,7 @@ impl Relay {
     }
 
     fn adopt_into(&self, w: &Arc<Worker>, req_id: u64, tx: EventTx) {
-        let window = match &w.credit {
+        let window = match &w.control {
             Some(credit) => {
                 Window::with_credit(self.inner.settings.exec_window, req_id, credit.clone())
             }
@@ -559,12 +713,23 @@ impl Relay {
                 streaming: true,
                 stdout: Vec::new(),
                 window,
+                stdin: None,
             },
         );
         info!(sandbox_id = %w.hello.sandbox_id, req_id, "exec of an earlier link taken up");
     }
 
-    async fn send_abort(&self, w: &Worker, req_id: u64) {
+    /// Aborts exec `req_id` on `w`: an interactive one on the agent's control channel (after
+    /// its start and stdin), any other as a sandbox.v1 Abort.
+    async fn send_abort(&self, w: &Worker, req_id: u64, interactive: bool) {
+        if let (true, Some(control)) = (interactive, &w.control) {
+            let _ = control.send(ToAgent::Control(frame::Control {
+                req_id,
+                abort: true,
+                ..Default::default()
+            }));
+            return;
+        }
         let _ =
             w.tx.send(Ok(pb::ServerFrame {
                 msg: Some(ServerMsg::Abort(pb::Abort { req_id })),
@@ -584,9 +749,9 @@ impl Relay {
 
     async fn abort_with(&self, sandbox_id: &str, req_id: u64, agent_only: bool) {
         if let Some(w) = self.find(sandbox_id, agent_only) {
-            let known = lock(&w.inflight).contains_key(&req_id);
-            if known {
-                self.send_abort(&w, req_id).await;
+            let known = lock(&w.inflight).get(&req_id).map(|f| f.stdin.is_some());
+            if let Some(interactive) = known {
+                self.send_abort(&w, req_id, interactive).await;
             }
         }
     }
@@ -751,11 +916,92 @@ mod tests {
             drop(hold);
         }
         let credited: u64 = std::iter::from_fn(|| credit.try_recv().ok())
+            .map(|f| match f {
+                ToAgent::Flow(f) => f,
+                other => panic!("{other:?}"),
+            })
             .inspect(|f| assert_eq!(f.req_id, 5))
             .map(|f| f.credit)
             .sum();
         assert_eq!(credited, window as u64, "all of it credited back");
         assert_eq!(w.inflight(), 1, "an agent within its window is never cut");
+    }
+
+    #[tokio::test]
+    async fn an_interactive_exec_goes_in_order_on_the_control_channel_within_its_stdin_credit() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = relay(dir.path());
+        let exec = |req_id| pb::ExecRequest {
+            sandbox_id: "compute-1".into(),
+            exec: Some(pb::Exec {
+                req_id,
+                command: "cat".into(),
+                ..Default::default()
+            }),
+        };
+        let how = Interactive {
+            tty: true,
+            rows: 30,
+            cols: 100,
+            stdin: true,
+        };
+        // An agent that does not say it takes them: refused, nothing sent.
+        let (_old, _rx_old, mut ctl_old) = r.attach_in_sandbox(hello("compute-1", AGENT_TRUST));
+        let err = r.exec_interactive(exec(1), how).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(ctl_old.try_recv().is_err());
+
+        let mut h = hello("compute-1", AGENT_TRUST);
+        h.capabilities = vec![frame::INTERACTIVE_CAPABILITY.into()];
+        let (w, mut rx, mut ctl) = r.attach_in_sandbox(h);
+        let (events, stdin) = r.exec_interactive(exec(2), how).await.unwrap();
+        let control = |t: ToAgent| match t {
+            ToAgent::Control(c) => c,
+            other => panic!("{other:?}"),
+        };
+        let start = control(ctl.try_recv().unwrap());
+        let s = start.start.unwrap();
+        assert_eq!((start.req_id, s.tty, s.rows, s.cols), (2, true, 30, 100));
+        assert_eq!(s.stdin_window, STDIN_WINDOW as u64);
+        assert!(rx.try_recv().is_err(), "no sandbox.v1 Exec frame");
+        // A whole window goes at once; one byte more waits for credit.
+        stdin.write(&vec![7u8; STDIN_WINDOW]).await.unwrap();
+        let sent: usize = std::iter::from_fn(|| ctl.try_recv().ok())
+            .map(|t| control(t).data.len())
+            .sum();
+        assert_eq!(sent, STDIN_WINDOW);
+        let more = {
+            let stdin = stdin.clone();
+            tokio::spawn(async move { stdin.write(b"x").await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!more.is_finished(), "no credit: the writer waits");
+        r.on_stdin_credit(
+            &w,
+            frame::Flow {
+                req_id: 2,
+                credit: 1,
+                window: 0,
+            },
+        );
+        more.await.unwrap().unwrap();
+        assert_eq!(control(ctl.try_recv().unwrap()).data, b"x");
+        stdin.resize(40, 120).unwrap();
+        stdin.close().unwrap();
+        let c = control(ctl.try_recv().unwrap());
+        assert_eq!(c.resize, Some(frame::TtySize { rows: 40, cols: 120 }));
+        assert!(control(ctl.try_recv().unwrap()).eof);
+        // The caller going away aborts it on the same channel, after everything else.
+        drop(events);
+        let abort = tokio::time::timeout(Duration::from_secs(2), ctl.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(control(abort).abort, true);
+        assert_eq!(w.inflight(), 0);
+        // Its writer is let go once it has ended.
+        let err = stdin.write(&vec![0u8; STDIN_WINDOW + 1]).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@ use tonic::Status;
 
 use crate::api::sandbox::v1 as pb;
 use crate::flow::{Hold, Window};
-use crate::relay::frame::Flow;
+use crate::relay::ToAgent;
 
 /// How a worker reached the relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +45,18 @@ pub(super) struct Inflight {
     pub(super) stdout: Vec<u8>,
     /// The exec's output window.
     pub(super) window: Arc<Window>,
+    /// An interactive exec's stdin credit (its controls, abort included, go on the agent's
+    /// control channel, in order with its start).
+    pub(super) stdin: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        // Ended: a stdin writer waiting for credit that will never come is let go.
+        if let Some(s) = &self.stdin {
+            s.close();
+        }
+    }
 }
 
 /// One attached worker.
@@ -59,9 +71,9 @@ pub struct Worker {
     pub(super) tx: mpsc::Sender<Result<pb::ServerFrame, Status>>,
     pub(super) inflight: Mutex<HashMap<u64, Inflight>>,
     pub(super) last_seen: Mutex<Instant>,
-    /// Flow control back to an in-sandbox agent (None: an external worker, which sandbox.v1
-    /// cannot pace).
-    pub(super) credit: Option<mpsc::UnboundedSender<Flow>>,
+    /// Flow control and interactive exec controls for an in-sandbox agent (None: an
+    /// external worker, which sandbox.v1 cannot pace).
+    pub(super) control: Option<mpsc::UnboundedSender<ToAgent>>,
     /// Dropped when silent for `heartbeat_timeout`. Not the in-sandbox agents: the sandbox's
     /// own state tells whether they live, and 50 sandboxes' heartbeats would cost CPU.
     pub(super) watched: bool,
@@ -87,6 +99,16 @@ impl Worker {
         for (req_id, f) in all {
             let _ = f.tx.send((error_event(req_id, why), Hold::none()));
         }
+    }
+
+    /// Whether it takes interactive execs (an in-sandbox agent that says so in its Hello).
+    pub fn interactive(&self) -> bool {
+        self.control.is_some()
+            && self
+                .hello
+                .capabilities
+                .iter()
+                .any(|c| c == super::frame::INTERACTIVE_CAPABILITY)
     }
 
     /// Number of execs in flight.

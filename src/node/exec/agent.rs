@@ -8,10 +8,10 @@ use tokio::task::JoinHandle;
 use tracing::debug;
 
 use super::lifecycle::{lost, Backend, Exit, Output};
-use super::{ExecEvent, ExecRequest};
+use super::{ExecEvent, ExecInput, ExecRequest, InputRx, TtySize};
 use crate::api::sandbox::v1 as pb;
 use crate::node::{Node, Result, Sandbox};
-use crate::relay::{Events, Relay};
+use crate::relay::{Events, Interactive, Relay, Stdin};
 
 /// The command the agent runs for an ExecCommand: the quoted form it runs without a shell
 /// (`sandbox_agent::command`). None when an env name cannot be exported by a shell.
@@ -38,6 +38,10 @@ pub struct AgentExec {
     backstop_secs: u32,
     aborts: u32,
     pump: Option<JoinHandle<Result<Exit>>>,
+    /// An interactive exec's terminal and streamed stdin.
+    tty: Option<TtySize>,
+    input: Option<InputRx>,
+    feed: Option<JoinHandle<()>>,
 }
 
 /// A random request id for the agent protocol.
@@ -48,22 +52,24 @@ pub(crate) fn rand_id() -> u64 {
 
 impl AgentExec {
     /// The backend for `req` in `sb`, when its agent (bound to the sandbox's FIFOs, never an
-    /// external worker) is attached and the request can be expressed as its command.
-    pub fn new(node: &Node, sb: &Sandbox, req: &ExecRequest) -> Option<Self> {
-        node.relay().agent(&sb.id)?;
+    /// external worker) is attached and the request can be expressed as its command; an
+    /// interactive one (a tty, or `streamed_stdin`) also needs an agent that takes them.
+    pub fn new(node: &Node, sb: &Sandbox, req: &ExecRequest, streamed_stdin: bool) -> Option<Self> {
+        let agent = node.relay().agent(&sb.id)?;
+        if (req.tty.is_some() || streamed_stdin) && !agent.interactive() {
+            return None;
+        }
         let command = shell_command(req, &req.cwd(sb))?;
         let cap = node.config().exec_timeout_cap_secs;
+        let uncapped = req.workload.is_some() || req.uncapped;
         let timeout = req
             .timeout
             .map(|t| t.as_secs())
             .filter(|t| *t > 0)
-            .unwrap_or(cap);
+            // No timeout of its own: the agent's backstop is the lifecycle's.
+            .unwrap_or(if req.uncapped { 30 * 24 * 3600 } else { cap });
         // A workload lives as long as its sandbox may: no exec cap on the agent's backstop.
-        let cap = if req.workload.is_some() {
-            u64::MAX
-        } else {
-            cap
-        };
+        let cap = if uncapped { u64::MAX } else { cap };
         Some(Self {
             relay: node.relay().clone(),
             sandbox_id: sb.id.clone(),
@@ -72,7 +78,16 @@ impl AgentExec {
             backstop_secs: u32::try_from(timeout.min(cap).saturating_add(30)).unwrap_or(u32::MAX),
             aborts: 0,
             pump: None,
+            tty: req.tty,
+            input: None,
+            feed: None,
         })
+    }
+
+    /// Streams the process's stdin (and terminal resizes) from `input`.
+    pub fn with_input(mut self, input: Option<InputRx>) -> Self {
+        self.input = input;
+        self
     }
 
     async fn abort(&mut self) {
@@ -80,6 +95,31 @@ impl AgentExec {
         self.relay
             .abort_on_agent(&self.sandbox_id, self.req_id)
             .await;
+    }
+}
+
+/// Hands an interactive exec's input to the agent as its credit allows. The end of `input`
+/// without a close is the end of stdin too.
+async fn feed(mut input: InputRx, stdin: Stdin) {
+    let mut open = true;
+    while let Some(i) = input.recv().await {
+        let r = match i {
+            ExecInput::Stdin(data) if open => stdin.write(&data).await,
+            // After the close stdin bytes have nowhere to go; a terminal still resizes.
+            ExecInput::Stdin(_) | ExecInput::Close if !open => Ok(()),
+            ExecInput::Stdin(_) => Ok(()),
+            ExecInput::Close => {
+                open = false;
+                stdin.close()
+            }
+            ExecInput::Resize(size) => stdin.resize(size.rows, size.cols),
+        };
+        if r.is_err() {
+            return;
+        }
+    }
+    if open {
+        let _ = stdin.close();
     }
 }
 
@@ -122,19 +162,32 @@ impl Backend for AgentExec {
     }
 
     async fn start(&mut self, out: Output) -> Result<()> {
-        let events = self
-            .relay
-            .exec_on_agent(pb::ExecRequest {
-                sandbox_id: self.sandbox_id.clone(),
-                exec: Some(pb::Exec {
-                    req_id: self.req_id,
-                    command: std::mem::take(&mut self.command),
-                    stdin: vec![],
-                    timeout_s: self.backstop_secs,
-                    streaming: true,
-                }),
-            })
-            .await?;
+        let req = pb::ExecRequest {
+            sandbox_id: self.sandbox_id.clone(),
+            exec: Some(pb::Exec {
+                req_id: self.req_id,
+                command: std::mem::take(&mut self.command),
+                stdin: vec![],
+                timeout_s: self.backstop_secs,
+                streaming: true,
+            }),
+        };
+        let events = if self.tty.is_some() || self.input.is_some() {
+            let size = self.tty.unwrap_or_default();
+            let how = Interactive {
+                tty: self.tty.is_some(),
+                rows: size.rows,
+                cols: size.cols,
+                stdin: self.input.is_some(),
+            };
+            let (events, stdin) = self.relay.exec_interactive(req, how).await?;
+            if let Some(input) = self.input.take() {
+                self.feed = Some(tokio::spawn(feed(input, stdin)));
+            }
+            events
+        } else {
+            self.relay.exec_on_agent(req).await?
+        };
         debug!(req_id = self.req_id, "exec via agent");
         self.pump = Some(tokio::spawn(pump(self.sandbox_id.clone(), events, out)));
         Ok(())
@@ -163,6 +216,9 @@ impl Backend for AgentExec {
         if let Some(p) = self.pump.take() {
             p.abort();
         }
+        if let Some(f) = self.feed.take() {
+            f.abort();
+        }
     }
 }
 
@@ -172,6 +228,9 @@ impl Drop for AgentExec {
         // abort the exec on the agent.
         if let Some(p) = self.pump.take() {
             p.abort();
+        }
+        if let Some(f) = self.feed.take() {
+            f.abort();
         }
     }
 }
@@ -196,6 +255,8 @@ mod tests {
             working_dir: String::new(),
             timeout: None,
             workload: None,
+            tty: None,
+            uncapped: false,
         };
         let s = shell_command(&req, "/work space").unwrap();
         assert!(s.contains("export A_B='x'\\''y';"));

@@ -16,7 +16,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::info;
 
 use super::lifecycle::{lost, Backend, Exit, Output};
-use super::{ExecEvent, ExecRequest};
+use super::{ExecEvent, ExecRequest, InputRx};
 use crate::flow::Window;
 use crate::node::{blocking, Error, Node, Result, Sandbox};
 use crate::runtime::{spec, ExecIo, ExecLaunch, SandboxRuntime, TaskState};
@@ -130,7 +130,8 @@ pub struct ContainerdExec {
 
 impl ContainerdExec {
     /// The backend for `req` in `sb`.
-    pub fn new(node: &Node, sb: &Sandbox, req: &ExecRequest) -> Self {
+    pub fn new(node: &Node, sb: &Sandbox, req: &ExecRequest, input: Option<InputRx>) -> Self {
+        let _ = input;
         let exec_id = format!("exec-{}", uuid::Uuid::new_v4().simple());
         let mut env: Vec<String> = vec![spec::DEFAULT_PATH.to_string(), "HOME=/root".into()];
         let mut keys: Vec<_> = req.env.keys().collect();

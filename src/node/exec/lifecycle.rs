@@ -193,6 +193,10 @@ pub async fn run<B: Backend>(
         }
     };
     let name = backend.name();
+    let signalled = match ending {
+        Ending::Exited(Exit::Signal(n)) => Some(n),
+        _ => None,
+    };
     let (exit_code, cancelled, timed_out, oom_killed) = match ending {
         Ending::Exited(exit) => (exit.code(), false, false, false),
         Ending::Cancelled(by_client) => {
@@ -237,6 +241,7 @@ pub async fn run<B: Backend>(
         cancelled,
         timed_out,
         oom_killed,
+        signal: signalled,
         usage,
     })
 }

@@ -38,7 +38,45 @@ pub struct ExecRequest {
     /// daemon after a restart can take its output up again): it takes no exec slot and its
     /// timeout (the sandbox's remaining lifetime) is not capped by `exec_timeout_cap_secs`.
     pub workload: Option<u64>,
+    /// Run it on a pseudo-terminal of this size (stdin, stdout and stderr are the terminal;
+    /// all output arrives as stdout).
+    pub tty: Option<TtySize>,
+    /// Its timeout is not capped by `exec_timeout_cap_secs`, and no timeout means none of its
+    /// own (the platform's ExecInSandbox, bounded by the sandbox's life instead).
+    pub uncapped: bool,
 }
+
+/// A terminal's size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TtySize {
+    /// Rows (0: 24).
+    pub rows: u32,
+    /// Columns (0: 80).
+    pub cols: u32,
+}
+
+impl TtySize {
+    /// The size with its defaults filled in.
+    pub fn or_default(self) -> (u16, u16) {
+        let clamp = |v: u32, d: u16| if v == 0 { d } else { v.min(u16::MAX as u32) as u16 };
+        (clamp(self.rows, 24), clamp(self.cols, 80))
+    }
+}
+
+/// What an interactive exec's client sends after the start, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecInput {
+    /// Bytes for the process's stdin.
+    Stdin(Vec<u8>),
+    /// Stdin ends (with a tty: the terminal's end-of-file character, ^D, is typed).
+    Close,
+    /// The terminal's new size (its foreground process group gets SIGWINCH).
+    Resize(TtySize),
+}
+
+/// The input of an interactive exec: bounded, so a process that does not read its stdin
+/// stops the client rather than growing a buffer.
+pub type InputRx = mpsc::Receiver<ExecInput>;
 
 impl ExecRequest {
     /// The working directory: the request's, or the workspace's mount path.
@@ -80,6 +118,9 @@ pub struct Completed {
     pub timed_out: bool,
     /// Killed for going over memory_bytes.
     pub oom_killed: bool,
+    /// The signal that ended it, when its backend could tell (the agent can; a containerd
+    /// exec reports 128+N as its status).
+    pub signal: Option<i32>,
     /// Usage of the exec window.
     pub usage: Usage,
 }
@@ -153,6 +194,19 @@ impl Node {
     /// the exec.
     #[instrument(skip_all, fields(sandbox_id = %id))]
     pub async fn exec(&self, id: &str, req: ExecRequest) -> Result<mpsc::Receiver<ExecEvent>> {
+        self.exec_with_input(id, req, None).await
+    }
+
+    /// An exec as [`Node::exec`] runs it, with its stdin (and terminal resizes) streamed from
+    /// `input` when given: the process reads them as they come, and a closed `input` is the
+    /// end of stdin. Without `input` the process's stdin is empty.
+    #[instrument(skip_all, fields(sandbox_id = %id))]
+    pub async fn exec_with_input(
+        &self,
+        id: &str,
+        req: ExecRequest,
+        input: Option<InputRx>,
+    ) -> Result<mpsc::Receiver<ExecEvent>> {
         let sb = self.get(id)?;
         check(&req)?;
         self.wait_ready(&sb).await?;
@@ -167,7 +221,7 @@ impl Node {
         let span = tracing::Span::current();
         self.inner.tasks.spawn_graceful(move |shutdown| {
             async move {
-                node.run_exec(sb, req, tx, shutdown).await;
+                node.run_exec(sb, req, input, tx, shutdown).await;
                 drop(slot);
             }
             .instrument(span)
@@ -207,8 +261,10 @@ impl Node {
     fn bounds(&self, sb: &Sandbox, req: &ExecRequest) -> Bounds {
         let cfg = self.config();
         Bounds {
-            timeout: match (req.workload, req.timeout) {
-                (Some(_), Some(t)) => t,
+            timeout: match (req.workload.is_some() || req.uncapped, req.timeout) {
+                (true, Some(t)) if !t.is_zero() => t,
+                // No timeout of its own: a day at a time would do, the sandbox's end ends it.
+                (true, _) if req.uncapped => Duration::from_secs(30 * 24 * 3600),
                 _ => Bounds::clamp_timeout(
                     req.timeout,
                     Duration::from_secs(cfg.exec_timeout_cap_secs),
@@ -228,6 +284,7 @@ impl Node {
         &self,
         sb: Arc<Sandbox>,
         req: ExecRequest,
+        mut input: Option<InputRx>,
         tx: mpsc::Sender<ExecEvent>,
         shutdown: CancellationToken,
     ) {
@@ -237,13 +294,13 @@ impl Node {
         });
         let bounds = self.bounds(&sb, &req);
         self.await_agent(&sb.id).await;
-        let (backend, r) = match agent::AgentExec::new(self, &sb, &req) {
+        let (backend, r) = match agent::AgentExec::new(self, &sb, &req, input.is_some()) {
             Some(b) => (
                 "agent",
-                lifecycle::run(b, meter, bounds, &tx, &shutdown).await,
+                lifecycle::run(b.with_input(input.take()), meter, bounds, &tx, &shutdown).await,
             ),
             None => {
-                let b = containerd::ContainerdExec::new(self, &sb, &req);
+                let b = containerd::ContainerdExec::new(self, &sb, &req, input.take());
                 let r = lifecycle::run(b, meter, bounds, &tx, &shutdown).await;
                 ("containerd", r)
             }
@@ -295,6 +352,8 @@ mod tests {
             working_dir: String::new(),
             timeout: None,
             workload: None,
+            tty: None,
+            uncapped: false,
         }
     }
 
