@@ -125,11 +125,12 @@ async fn pump(
     stream: pb::Stream,
     out: Out,
     gate: Arc<Gate>,
+    linger: Duration,
 ) {
     let mut buf = vec![0u8; flow::CHUNK_MAX];
     loop {
         let allowed = gate.reserve(flow::CHUNK_MAX).await;
-        let n = flow::read_chunk(&mut r, &mut buf[..allowed], flow::LINGER).await;
+        let n = flow::read_chunk(&mut r, &mut buf[..allowed], linger).await;
         gate.refund(allowed - n);
         if n == 0 {
             return;
@@ -156,6 +157,7 @@ fn command_for(e: &pb::Exec) -> spawn::Spec {
                 .collect(),
             cwd: d.cwd.map(Into::into),
             stdin: false,
+            tty: None,
         },
         None => shell(&e.command),
     };
@@ -187,70 +189,235 @@ async fn fail(out: &Out, req_id: u64, stderr: String, code: i32) {
         .await;
 }
 
-/// The execs in flight: their process groups and the gates of their output.
+/// The execs in flight: their process groups, the gates of their output, and the stdin and
+/// terminals of the interactive ones.
 #[derive(Default)]
 struct Execs {
     pgids: HashMap<u64, i32>,
     gates: HashMap<u64, Arc<Gate>>,
+    /// Stdin of the interactive execs, in the order it came. Unbounded, but the daemon sends
+    /// no more than `Start::stdin_window` bytes ahead of the credit given back.
+    inputs: HashMap<u64, mpsc::UnboundedSender<Input>>,
+    ptys: HashMap<u64, Arc<spawn::Pty>>,
 }
 
 type Running = Arc<Mutex<Execs>>;
+
+/// Stdin credit back to the node daemon.
+type Credit = mpsc::UnboundedSender<frame::Flow>;
+
+/// The stdin of an interactive exec.
+enum Input {
+    Data(Vec<u8>),
+    Eof,
+}
 
 fn execs(r: &Running) -> std::sync::MutexGuard<'_, Execs> {
     r.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs one exec. Its output is always streamed: for `streaming=false` the relay collects
-/// stdout (as sandbox.v1 has it), so nothing is held in here either.
-async fn run_exec(e: pb::Exec, out: Out, running: Running, gate: Arc<Gate>, grace: Duration) {
-    let req_id = e.req_id;
-    let spec = command_for(&e);
-    let mut child = match spawn::spawn(&spec) {
-        Ok(c) => c,
+/// Why an exec did not start: what a shell would say and return, or a failure of the agent.
+enum Refused {
+    Shell(String, i32),
+    Spawn(String),
+}
+
+/// Starts the process of `e` as `spec` says.
+fn launch(e: &pb::Exec, spec: &spawn::Spec) -> Result<spawn::Child, Refused> {
+    match spawn::spawn(spec) {
+        Ok(c) => Ok(c),
         Err(SpawnError::Cwd(_)) => {
             let dir = spec.cwd.as_deref().unwrap_or_default().to_string_lossy();
-            return fail(&out, req_id, format!("sh: cd: can't cd to {dir}\n"), 2).await;
+            Err(Refused::Shell(format!("sh: cd: can't cd to {dir}\n"), 2))
         }
         // What a shell would say and return for a program it cannot run.
         Err(SpawnError::Exec(err)) if err.kind() == std::io::ErrorKind::NotFound => {
             let name = spec.argv[0].to_string_lossy();
-            return fail(&out, req_id, format!("sh: exec: {name}: not found\n"), 127).await;
+            Err(Refused::Shell(format!("sh: exec: {name}: not found\n"), 127))
         }
         Err(SpawnError::Exec(err)) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
             // A script without `#!`: a shell runs it as a shell script.
             let mut sh = shell(&e.command);
             sh.stdin = spec.stdin;
-            match spawn::spawn(&sh) {
-                Ok(c) => c,
-                Err(SpawnError::Exec(err) | SpawnError::Cwd(err)) => {
-                    return fail(&out, req_id, format!("sh: {err}\n"), 126).await
-                }
-            }
+            sh.tty = spec.tty;
+            spawn::spawn(&sh).map_err(|(SpawnError::Exec(err) | SpawnError::Cwd(err))| {
+                Refused::Shell(format!("sh: {err}\n"), 126)
+            })
         }
         Err(SpawnError::Exec(err)) if err.kind() == std::io::ErrorKind::PermissionDenied => {
-            return fail(&out, req_id, format!("sh: exec: {err}\n"), 126).await;
+            Err(Refused::Shell(format!("sh: exec: {err}\n"), 126))
         }
-        Err(SpawnError::Exec(err)) => {
-            let _ = out
-                .send(frame(WorkerMsg::Error(pb::ExecError {
-                    req_id,
-                    message: format!("spawn: {err}"),
-                })))
-                .await;
-            return;
-        }
-    };
-    let pgid = child.id();
-    execs(&running).pgids.insert(req_id, pgid);
-    if let Some(mut stdin) = child.stdin.take() {
-        let data = e.stdin.clone();
-        tokio::spawn(async move {
-            let _ = stdin.write_all(&data).await;
-        });
+        Err(SpawnError::Exec(err)) => Err(Refused::Spawn(format!("spawn: {err}"))),
     }
-    let forward = |r, stream| tokio::spawn(pump(r, req_id, stream, out.clone(), gate.clone()));
-    let p_out = child.stdout.take().map(|r| forward(r, pb::Stream::Stdout));
-    let p_err = child.stderr.take().map(|r| forward(r, pb::Stream::Stderr));
+}
+
+async fn refuse(out: Out, req_id: u64, r: Refused) {
+    match r {
+        Refused::Shell(stderr, code) => fail(&out, req_id, stderr, code).await,
+        Refused::Spawn(message) => {
+            let _ = out
+                .send(frame(WorkerMsg::Error(pb::ExecError { req_id, message })))
+                .await;
+        }
+    }
+}
+
+/// Runs one exec. Its output is always streamed: for `streaming=false` the relay collects
+/// stdout (as sandbox.v1 has it), so nothing is held in here either.
+async fn run_exec(e: pb::Exec, out: Out, running: Running, gate: Arc<Gate>, grace: Duration) {
+    let spec = command_for(&e);
+    match launch(&e, &spec) {
+        Ok(child) => {
+            execs(&running).pgids.insert(e.req_id, child.id());
+            supervise(e, child, None, out, running, gate, grace).await;
+        }
+        Err(r) => {
+            execs(&running).gates.remove(&e.req_id);
+            refuse(out, e.req_id, r).await;
+        }
+    }
+}
+
+/// Starts an interactive exec (a terminal, streamed stdin) at once, so that its stdin,
+/// resizes and abort, which follow on the same channel, find it.
+fn start_interactive(
+    req_id: u64,
+    start: frame::Start,
+    out: &Out,
+    credit: &Credit,
+    running: &Running,
+    window: u64,
+    grace: Duration,
+) {
+    let Some(mut e) = start.exec else {
+        return;
+    };
+    e.req_id = req_id;
+    let mut spec = command_for(&e);
+    if start.tty {
+        let size = |v: u32, d: u16| if v == 0 { d } else { v.min(u16::MAX.into()) as u16 };
+        spec.tty = Some((size(start.rows, 24), size(start.cols, 80)));
+    } else {
+        spec.stdin |= start.stdin;
+    }
+    match launch(&e, &spec) {
+        Err(r) => {
+            tokio::spawn(refuse(out.clone(), req_id, r));
+        }
+        Ok(child) => {
+            let gate = Arc::new(Gate::new(window));
+            let (tx, rx) = mpsc::unbounded_channel();
+            {
+                let mut x = execs(running);
+                x.pgids.insert(req_id, child.id());
+                x.gates.insert(req_id, gate.clone());
+                x.inputs.insert(req_id, tx);
+                if let Some(p) = &child.pty {
+                    x.ptys.insert(req_id, p.clone());
+                }
+            }
+            let input = Some((rx, credit.clone()));
+            tokio::spawn(supervise(e, child, input, out.clone(), running.clone(), gate, grace));
+        }
+    }
+}
+
+/// Writes an exec's stdin: the exec's own bytes, then (interactive) what comes, crediting the
+/// daemon as the process takes it. A process that has closed its stdin still has what comes
+/// credited (and dropped), so the client is never stuck on it. The end of stdin closes the
+/// pipe, or types the terminal's end-of-file character.
+async fn feed(
+    w: Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+    first: Vec<u8>,
+    input: Option<(mpsc::UnboundedReceiver<Input>, Credit)>,
+    req_id: u64,
+    pty: Option<Arc<spawn::Pty>>,
+) {
+    let mut w = Some(w);
+    if let Some(x) = w.as_mut().filter(|_| !first.is_empty()) {
+        if x.write_all(&first).await.is_err() {
+            w = None;
+        }
+    }
+    let Some((mut rx, credit)) = input else {
+        return;
+    };
+    while let Some(i) = rx.recv().await {
+        match i {
+            Input::Data(d) => {
+                if let Some(x) = w.as_mut() {
+                    if x.write_all(&d).await.is_err() {
+                        w = None;
+                    }
+                }
+                let _ = credit.send(frame::Flow {
+                    req_id,
+                    credit: d.len() as u64,
+                    window: 0,
+                });
+            }
+            Input::Eof => match (&pty, w.as_mut()) {
+                (Some(p), Some(x)) => {
+                    let _ = x.write_all(&[p.eof_char()]).await;
+                }
+                _ => w = None,
+            },
+        }
+    }
+}
+
+/// Stops an exec: its process group, and its terminal's foreground job (a shell's child in a
+/// group of its own) if it has one.
+async fn stop_exec(pgid: i32, foreground: Option<i32>, grace: Duration) {
+    match foreground {
+        Some(fg) if fg != pgid => {
+            tokio::join!(stop_group(pgid, grace), stop_group(fg, grace));
+        }
+        _ => stop_group(pgid, grace).await,
+    }
+}
+
+/// Follows a started exec to its end: stdin in, output out, the timeout, the exit.
+async fn supervise(
+    mut e: pb::Exec,
+    mut child: spawn::Child,
+    input: Option<(mpsc::UnboundedReceiver<Input>, Credit)>,
+    out: Out,
+    running: Running,
+    gate: Arc<Gate>,
+    grace: Duration,
+) {
+    let req_id = e.req_id;
+    let pgid = child.id();
+    let pty = child.pty.clone();
+    let writer: Option<Box<dyn tokio::io::AsyncWrite + Unpin + Send>> = match &pty {
+        Some(p) => Some(Box::new(p.writer())),
+        None => child.stdin.take().map(|w| Box::new(w) as _),
+    };
+    let first = std::mem::take(&mut e.stdin);
+    let feeder = writer.map(|w| tokio::spawn(feed(w, first, input, req_id, pty.clone())));
+    let mut pumps = Vec::new();
+    if let Some(p) = &pty {
+        // A terminal is read as it is written: an echo is not held back to fill a chunk.
+        let r = p.reader();
+        pumps.push(tokio::spawn(pump(
+            r,
+            req_id,
+            pb::Stream::Stdout,
+            out.clone(),
+            gate.clone(),
+            Duration::ZERO,
+        )));
+    }
+    for (r, stream) in [
+        (child.stdout.take(), pb::Stream::Stdout),
+        (child.stderr.take(), pb::Stream::Stderr),
+    ] {
+        if let Some(r) = r {
+            let (o, g) = (out.clone(), gate.clone());
+            pumps.push(tokio::spawn(pump(r, req_id, stream, o, g, flow::LINGER)));
+        }
+    }
     let timeout = if e.timeout_s == 0 {
         Duration::from_secs(600)
     } else {
@@ -259,17 +426,22 @@ async fn run_exec(e: pb::Exec, out: Out, running: Running, gate: Arc<Gate>, grac
     let status = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(s) => s.ok(),
         Err(_) => {
-            stop_group(pgid, grace).await;
+            stop_exec(pgid, pty.as_ref().and_then(|p| p.foreground()), grace).await;
             child.wait().await.ok()
         }
     };
-    for p in [p_out, p_err].into_iter().flatten() {
+    for p in pumps {
         let _ = tokio::time::timeout(Duration::from_millis(500), p).await;
+    }
+    if let Some(f) = feeder {
+        f.abort();
     }
     {
         let mut x = execs(&running);
         x.pgids.remove(&req_id);
         x.gates.remove(&req_id);
+        x.inputs.remove(&req_id);
+        x.ptys.remove(&req_id);
     }
     use std::os::unix::process::ExitStatusExt;
     let code = match status {
@@ -314,12 +486,22 @@ fn stdio_reader() -> Box<dyn tokio::io::AsyncRead + Unpin + Send> {
 }
 
 /// Frames over stdin/stdout: a reader that resynchronises on garbage, and a writer.
-fn stdio_transport(mut out: mpsc::Receiver<pb::WorkerFrame>, inbound: mpsc::Sender<Inbound>) {
+fn stdio_transport(
+    mut out: mpsc::Receiver<pb::WorkerFrame>,
+    mut credit: mpsc::UnboundedReceiver<frame::Flow>,
+    inbound: mpsc::Sender<Inbound>,
+) {
     tokio::spawn(async move {
         let mut stdout = stdio_writer();
-        while let Some(f) = out.recv().await {
-            if stdout.write_all(&frame::encode(&f)).await.is_err() || stdout.flush().await.is_err()
-            {
+        loop {
+            let bytes = tokio::select! {
+                f = out.recv() => match f {
+                    Some(f) => frame::encode(&f),
+                    None => return,
+                },
+                Some(c) = credit.recv() => frame::encode_flow(&c),
+            };
+            if stdout.write_all(&bytes).await.is_err() || stdout.flush().await.is_err() {
                 return;
             }
         }
@@ -415,6 +597,27 @@ fn drop_needless_statx_shim() {
     };
 }
 
+/// Aborts an exec: SIGTERM to its group (and its terminal's foreground job), SIGKILL after the
+/// grace; a second abort of the same exec kills at once.
+fn abort(
+    running: &Running,
+    aborted: &mut std::collections::HashSet<u64>,
+    req_id: u64,
+    grace: Duration,
+) {
+    let (pg, fg) = {
+        let x = execs(running);
+        (
+            x.pgids.get(&req_id).copied(),
+            x.ptys.get(&req_id).and_then(|p| p.foreground()),
+        )
+    };
+    if let Some(pg) = pg {
+        let again = !aborted.insert(req_id);
+        tokio::spawn(stop_exec(pg, fg, if again { Duration::ZERO } else { grace }));
+    }
+}
+
 async fn serve(args: Args) -> anyhow::Result<()> {
     let (tx, rx) = mpsc::channel::<pb::WorkerFrame>(256);
     let labels = args
@@ -425,10 +628,15 @@ async fn serve(args: Args) -> anyhow::Result<()> {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
         })
         .collect();
+    let mut capabilities = args.capabilities.clone();
+    if args.stdio {
+        // The node daemon's link: interactive execs (control frames, stdin credit).
+        capabilities.push(frame::INTERACTIVE_CAPABILITY.into());
+    }
     tx.send(frame(WorkerMsg::Hello(pb::Hello {
         sandbox_id: args.sandbox_id.clone(),
         labels,
-        capabilities: args.capabilities.clone(),
+        capabilities,
         image: args.image.clone(),
         arch: match std::env::consts::ARCH {
             "x86_64" => "amd64".into(),
@@ -455,8 +663,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     });
     let grace = Duration::from_secs_f64(args.grace.max(0.0));
     let (in_tx, mut inbound) = mpsc::channel::<Inbound>(256);
+    let (credit, credit_rx) = mpsc::unbounded_channel();
     if args.stdio {
-        stdio_transport(rx, in_tx);
+        stdio_transport(rx, credit_rx, in_tx);
     } else {
         let relay = args.relay.clone().unwrap_or_default();
         // Messages as large as the relay accepts (17 MiB: stdin and output of up to 16 MiB).
@@ -495,11 +704,31 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             frame::Frame::Message(pb::ServerFrame {
                 msg: Some(ServerMsg::Abort(a)),
             }) => {
-                let pg = execs(&running).pgids.get(&a.req_id).copied();
-                if let Some(pg) = pg {
-                    // A second Abort for the same exec kills at once.
-                    let again = !aborted.insert(a.req_id);
-                    tokio::spawn(stop_group(pg, if again { Duration::ZERO } else { grace }));
+                abort(&running, &mut aborted, a.req_id, grace);
+            }
+            frame::Frame::Control(c) => {
+                let req_id = c.req_id;
+                if let Some(s) = c.start {
+                    start_interactive(req_id, s, &tx, &credit, &running, window, grace);
+                }
+                let input = execs(&running).inputs.get(&req_id).cloned();
+                if let Some(i) = input {
+                    if !c.data.is_empty() {
+                        let _ = i.send(Input::Data(c.data));
+                    }
+                    if c.eof {
+                        let _ = i.send(Input::Eof);
+                    }
+                }
+                if let Some(size) = c.resize {
+                    let pty = execs(&running).ptys.get(&req_id).cloned();
+                    if let Some(p) = pty {
+                        let clamp = |v: u32| v.clamp(1, u16::MAX.into()) as u16;
+                        let _ = p.resize(clamp(size.rows), clamp(size.cols));
+                    }
+                }
+                if c.abort {
+                    abort(&running, &mut aborted, req_id, grace);
                 }
             }
             frame::Frame::Message(_) => {}

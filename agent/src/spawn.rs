@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex, Once, OnceLock};
 
 use nix::libc::{self, c_char, c_int, c_void};
+use std::sync::Arc;
+use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
@@ -40,6 +42,10 @@ pub struct Spec {
     pub cwd: Option<OsString>,
     /// A pipe for stdin (else `/dev/null`).
     pub stdin: bool,
+    /// Run it on a new pseudo-terminal of this size (rows, columns) instead of pipes: it
+    /// leads a new session whose controlling terminal that is, and the terminal is its stdin,
+    /// stdout and stderr ([`Child::pty`]).
+    pub tty: Option<(u16, u16)>,
 }
 
 impl Spec {
@@ -72,7 +78,192 @@ pub struct Child {
     pub stdout: Option<pipe::Receiver>,
     /// The read end of its stderr.
     pub stderr: Option<pipe::Receiver>,
+    /// The master side of its terminal, if [`Spec::tty`].
+    pub pty: Option<Arc<Pty>>,
     exit: Option<oneshot::Receiver<c_int>>,
+}
+
+/// The master side of a pseudo-terminal, non-blocking on the runtime. Reading it gives what
+/// the process wrote to the terminal (after the line discipline: `\n` becomes `\r\n`, echo);
+/// writing it is typing.
+#[derive(Debug)]
+pub struct Pty {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Pty {
+    /// Sets the terminal's size. The kernel signals SIGWINCH to its foreground process group
+    /// when the size changes; the signal is sent here too, because not every kernel does (an
+    /// extra SIGWINCH only makes a program look at the size again).
+    pub fn resize(&self, rows: u16, cols: u16) -> io::Result<()> {
+        set_size(self.fd.get_ref(), rows, cols)?;
+        if let Some(pg) = self.foreground() {
+            // SAFETY: kill(2) of a process group; a group that is gone is ESRCH.
+            unsafe { libc::kill(-pg, libc::SIGWINCH) };
+        }
+        Ok(())
+    }
+
+    /// The terminal's foreground process group (a shell's current job), if it has one.
+    pub fn foreground(&self) -> Option<i32> {
+        // SAFETY: tcgetpgrp(3) on a descriptor we own.
+        let pg = unsafe { libc::tcgetpgrp(self.fd.get_ref().as_raw_fd()) };
+        (pg > 0).then_some(pg)
+    }
+
+    /// The terminal's end-of-file character (^D unless the program changed it).
+    pub fn eof_char(&self) -> u8 {
+        // SAFETY: tcgetattr(3) into a zeroed termios, on a descriptor we own.
+        unsafe {
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(self.fd.get_ref().as_raw_fd(), &mut t) == 0 && t.c_cc[libc::VEOF] != 0 {
+                t.c_cc[libc::VEOF]
+            } else {
+                4
+            }
+        }
+    }
+
+    /// A reader of the terminal's output: the end is the terminal's hang-up (every process
+    /// holding it has closed it), which the master reads as EIO.
+    pub fn reader(self: &Arc<Self>) -> PtyIo {
+        PtyIo(self.clone())
+    }
+
+    /// A writer of the terminal's input.
+    pub fn writer(self: &Arc<Self>) -> PtyIo {
+        PtyIo(self.clone())
+    }
+}
+
+/// Reads or writes a [`Pty`].
+#[derive(Debug, Clone)]
+pub struct PtyIo(Arc<Pty>);
+
+impl tokio::io::AsyncRead for PtyIo {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        loop {
+            let mut guard = match self.0.fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            let unfilled = buf.initialize_unfilled();
+            let r = guard.try_io(|fd| {
+                // SAFETY: read(2) into the unfilled part of the buffer.
+                let n = unsafe {
+                    libc::read(fd.as_raw_fd(), unfilled.as_mut_ptr().cast(), unfilled.len())
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match r {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                // The other side hung up: the end of the output.
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Poll::Ready(Ok(())),
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for PtyIo {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        use std::task::Poll;
+        loop {
+            let mut guard = match self.0.fd.poll_write_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            let r = guard.try_io(|fd| {
+                // SAFETY: write(2) of the caller's bytes.
+                let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match r {
+                Ok(r) => return Poll::Ready(r),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+fn set_size(fd: &OwnedFd, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ with a valid winsize, on a terminal descriptor we own.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A new pseudo-terminal of `rows` x `cols`: its master (non-blocking) and slave, both
+/// closed on exec.
+fn open_pty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    // SAFETY: posix_openpt(3), grantpt(3), unlockpt(3), ptsname_r(3) and open(2) on what they
+    // return; every descriptor is owned at once.
+    unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if m < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let master = OwnedFd::from_raw_fd(m);
+        if libc::grantpt(m) != 0 || libc::unlockpt(m) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut name = [0 as c_char; 128];
+        if libc::ptsname_r(m, name.as_mut_ptr(), name.len()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let s = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if s < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let slave = OwnedFd::from_raw_fd(s);
+        set_size(&master, rows, cols)?;
+        set_nonblocking(&master)?;
+        Ok((master, slave))
+    }
 }
 
 impl Child {
@@ -273,6 +464,8 @@ struct ChildArgs {
     cwd: *const c_char,
     /// Descriptors to become 0, 1 and 2.
     stdio: [c_int; 3],
+    /// They are a terminal: lead a new session with it as the controlling terminal.
+    tty: bool,
     /// Set by the child: the errno of what failed, and where (1 = chdir, 2 = exec, 3 = setup).
     errno: AtomicI32,
     stage: AtomicI32,
@@ -312,7 +505,12 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
                 return fail(STAGE_SETUP, errno());
             }
         }
-        if libc::setpgid(0, 0) != 0 {
+        let own = if a.tty {
+            libc::setsid()
+        } else {
+            libc::setpgid(0, 0)
+        };
+        if own < 0 {
             return fail(STAGE_SETUP, errno());
         }
         for (target, &fd) in a.stdio.iter().enumerate() {
@@ -325,6 +523,9 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             if r < 0 {
                 return fail(STAGE_SETUP, errno());
             }
+        }
+        if a.tty && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+            return fail(STAGE_SETUP, errno());
         }
         if !a.cwd.is_null() && libc::chdir(a.cwd) != 0 {
             return fail(STAGE_CWD, errno());
@@ -369,20 +570,37 @@ pub fn spawn(spec: &Spec) -> Result<Child, SpawnError> {
     let envp = environment(&spec.env).map_err(exec)?;
     let paths = candidates(program, &spec.env).map_err(exec)?;
     let cwd = spec.cwd.as_deref().map(cstring).transpose().map_err(exec)?;
-    let (out_r, out_w) = pipe_pair().map_err(exec)?;
-    let (err_r, err_w) = pipe_pair().map_err(exec)?;
-    // Room for a few output chunks, so that the process rarely waits on its pipe while the
-    // agent forwards the previous chunk (best effort: the default size works too).
-    // SAFETY: fcntl(2) on a descriptor we own.
-    unsafe { libc::fcntl(out_r.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_BYTES) };
-    let stdin = if spec.stdin {
-        Some(pipe_pair().map_err(exec)?)
+    let io = if let Some((rows, cols)) = spec.tty {
+        let (master, slave) = open_pty(rows, cols).map_err(exec)?;
+        Io::Tty { master, slave }
     } else {
-        None
+        let (out_r, out_w) = pipe_pair().map_err(exec)?;
+        let (err_r, err_w) = pipe_pair().map_err(exec)?;
+        // Room for a few output chunks, so that the process rarely waits on its pipe while
+        // the agent forwards the previous chunk (best effort: the default size works too).
+        // SAFETY: fcntl(2) on a descriptor we own.
+        unsafe { libc::fcntl(out_r.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_BYTES) };
+        let stdin = if spec.stdin {
+            Some(pipe_pair().map_err(exec)?)
+        } else {
+            None
+        };
+        Io::Pipes {
+            out: (out_r, out_w),
+            err: (err_r, err_w),
+            stdin,
+        }
     };
-    let stdin_fd = match &stdin {
-        Some((r, _)) => r.as_raw_fd(),
-        None => dev_null().map_err(exec)?,
+    let stdio = match &io {
+        Io::Tty { slave, .. } => [slave.as_raw_fd(); 3],
+        Io::Pipes { out, err, stdin } => [
+            match stdin {
+                Some((r, _)) => r.as_raw_fd(),
+                None => dev_null().map_err(exec)?,
+            },
+            out.1.as_raw_fd(),
+            err.1.as_raw_fd(),
+        ],
     };
     let (argv_p, envp_p, paths_p) = (
         null_terminated(&argv),
@@ -395,7 +613,8 @@ pub fn spawn(spec: &Spec) -> Result<Child, SpawnError> {
         paths: paths_p.as_ptr(),
         npaths: paths.len(),
         cwd: cwd.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-        stdio: [stdin_fd, out_w.as_raw_fd(), err_w.as_raw_fd()],
+        stdio,
+        tty: spec.tty.is_some(),
         errno: AtomicI32::new(0),
         stage: AtomicI32::new(0),
     };
@@ -426,11 +645,7 @@ pub fn spawn(spec: &Spec) -> Result<Child, SpawnError> {
         }
     };
     // The child has exec'd or exited: its ends are its own now.
-    drop((out_w, err_w));
-    let stdin = stdin.map(|(r, w)| {
-        drop(r);
-        w
-    });
+    let io = io.parent_ends();
     count_child();
     let stage = args.stage.load(Ordering::Relaxed);
     if stage != 0 {
@@ -463,25 +678,58 @@ pub fn spawn(spec: &Spec) -> Result<Child, SpawnError> {
         stdin: None,
         stdout: None,
         stderr: None,
+        pty: None,
         exit: Some(rx),
     };
-    finish(child, out_r, err_r, stdin).map_err(exec)
+    finish(child, io).map_err(exec)
+}
+
+/// A child's stdio while it is being started: both ends of its pipes, or of its terminal.
+enum Io {
+    Pipes {
+        out: (OwnedFd, OwnedFd),
+        err: (OwnedFd, OwnedFd),
+        stdin: Option<(OwnedFd, OwnedFd)>,
+    },
+    Tty {
+        master: OwnedFd,
+        slave: OwnedFd,
+    },
+}
+
+/// The parent's ends once the child has its own: stdout, stderr, stdin, or the master.
+enum ParentIo {
+    Pipes(OwnedFd, OwnedFd, Option<OwnedFd>),
+    Tty(OwnedFd),
+}
+
+impl Io {
+    fn parent_ends(self) -> ParentIo {
+        match self {
+            Io::Pipes { out, err, stdin } => ParentIo::Pipes(out.0, err.0, stdin.map(|(_, w)| w)),
+            Io::Tty { master, .. } => ParentIo::Tty(master),
+        }
+    }
 }
 
 /// Puts the parent's ends on the runtime.
-fn finish(
-    mut child: Child,
-    out: OwnedFd,
-    err: OwnedFd,
-    stdin: Option<OwnedFd>,
-) -> io::Result<Child> {
-    set_nonblocking(&out)?;
-    set_nonblocking(&err)?;
-    child.stdout = Some(pipe::Receiver::from_owned_fd_unchecked(out)?);
-    child.stderr = Some(pipe::Receiver::from_owned_fd_unchecked(err)?);
-    if let Some(w) = stdin {
-        set_nonblocking(&w)?;
-        child.stdin = Some(pipe::Sender::from_owned_fd_unchecked(w)?);
+fn finish(mut child: Child, io: ParentIo) -> io::Result<Child> {
+    match io {
+        ParentIo::Pipes(out, err, stdin) => {
+            set_nonblocking(&out)?;
+            set_nonblocking(&err)?;
+            child.stdout = Some(pipe::Receiver::from_owned_fd_unchecked(out)?);
+            child.stderr = Some(pipe::Receiver::from_owned_fd_unchecked(err)?);
+            if let Some(w) = stdin {
+                set_nonblocking(&w)?;
+                child.stdin = Some(pipe::Sender::from_owned_fd_unchecked(w)?);
+            }
+        }
+        ParentIo::Tty(master) => {
+            // SAFETY: an OwnedFd's descriptor stays open and the same until it is dropped.
+            let fd = unsafe { AsyncFd::register(master) }.map_err(|e| e.into_parts().1)?;
+            child.pty = Some(Arc::new(Pty { fd }));
+        }
     }
     Ok(child)
 }
@@ -620,6 +868,52 @@ mod tests {
             codes.push(output(c).await.0.code().unwrap());
         }
         assert_eq!(codes, (0..40).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_tty_child_leads_a_session_on_its_terminal_which_resizes_and_hangs_up_at_the_end() {
+        let mut spec = sh("stty size; [ -t 0 ] && [ -t 2 ] && echo tty; \
+             [ \"$(cut -d' ' -f6 /proc/self/stat)\" = \"$(cut -d' ' -f5 /proc/self/stat)\" ] && echo leader; \
+             read line; echo \"got $line\"; trap 'stty size' WINCH; \
+             read again; echo done");
+        spec.tty = Some((30, 100));
+        let mut c = spawn(&spec).map_err(|e| format!("{e:?}")).unwrap();
+        assert!(c.stdout.is_none() && c.stderr.is_none() && c.stdin.is_none());
+        let pty = c.pty.take().unwrap();
+        let mut r = pty.reader();
+        let mut w = pty.writer();
+        let mut seen = String::new();
+        let mut buf = [0u8; 4096];
+        async fn until(r: &mut PtyIo, seen: &mut String, want: &str) {
+            let mut buf = [0u8; 4096];
+            while !seen.contains(want) {
+                let n = tokio::time::timeout(Duration::from_secs(5), r.read(&mut buf))
+                    .await
+                    .expect("output in time")
+                    .unwrap();
+                assert!(n > 0, "ended before {want:?}: {seen:?}");
+                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+        until(&mut r, &mut seen, "leader\r\n").await;
+        assert!(seen.starts_with("30 100\r\ntty\r\n"), "{seen:?}");
+        // Typed input is echoed by the line discipline, then read by the process.
+        w.write_all(b"hello\n").await.unwrap();
+        until(&mut r, &mut seen, "got hello\r\n").await;
+        assert!(seen.contains("hello\r\ngot hello"), "{seen:?}");
+        // The trap is set once `got` is out; a resize reaches it as SIGWINCH.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pty.resize(40, 120).unwrap();
+        until(&mut r, &mut seen, "40 120\r\n").await;
+        w.write_all(b"x\n").await.unwrap();
+        until(&mut r, &mut seen, "done\r\n").await;
+        assert!(c.wait().await.unwrap().success());
+        // Every holder of the terminal is gone: the master reads its end.
+        let n = tokio::time::timeout(Duration::from_secs(5), r.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 0);
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -236,6 +236,14 @@ pub struct Sandbox {
     pub(super) cancel: CancellationToken,
     /// The sandbox's meter.
     pub meter: Arc<Meter>,
+    /// When it was last used (an exec started, its stdin or output moved): the clock an idle
+    /// suspend reads. Milliseconds since the epoch.
+    active: Arc<std::sync::atomic::AtomicU64>,
+}
+
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Sandbox {
@@ -253,6 +261,7 @@ impl Sandbox {
             ops: Arc::default(),
             cancel,
             meter,
+            active: Arc::new(epoch_ms(SystemTime::now()).into()),
         }
     }
 
@@ -265,7 +274,22 @@ impl Sandbox {
             ops: self.ops.clone(),
             cancel: self.cancel.clone(),
             meter: self.meter.clone(),
+            active: self.active.clone(),
         }
+    }
+
+    /// Marks the sandbox as used now (its idle clock starts again).
+    pub fn touch(&self) {
+        self.active.fetch_max(
+            epoch_ms(SystemTime::now()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// When the sandbox was last used: its creation, or the last [`Sandbox::touch`].
+    pub fn last_active(&self) -> SystemTime {
+        let ms = self.active.load(std::sync::atomic::Ordering::Relaxed);
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
     }
 
     /// What the sandbox is made of.

@@ -9,6 +9,7 @@
 
 pub mod access;
 pub mod auth;
+pub mod exec;
 pub mod keys;
 pub mod kube_store;
 pub mod records;

@@ -73,7 +73,7 @@ pub fn state_of(s: NodeStatus) -> pb::SandboxState {
 }
 
 /// The namespace a node sandbox shows in: its spec's, or a compute.v1 sandbox's tenant.
-fn namespace_of(sb: &Sandbox) -> &str {
+pub(super) fn namespace_of(sb: &Sandbox) -> &str {
     sb.platform
         .as_ref()
         .map(|p| p.namespace.as_str())
@@ -152,7 +152,9 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
                 .map_or(st.since, |w| w.max(st.since))
                 .max(sb.created_at),
         )),
-        idle_suspend_at: None,
+        // The idle clock (an exec keeps it fresh); what suspends at it comes with issue 19.
+        idle_suspend_at: (spec.idle_suspend_sec > 0 && state == pb::SandboxState::Running)
+            .then(|| timestamp(sb.last_active() + Duration::from_secs(spec.idle_suspend_sec.into()))),
         expires_at: max_lifetime.map(|d| timestamp(sb.created_at + d)),
     }
 }
@@ -216,7 +218,7 @@ fn environment_ref<'a>(namespace: &'a str, r: &'a str) -> (&'a str, &'a str) {
 }
 
 impl Platform {
-    fn backend(&self) -> Result<&Backend, Status> {
+    pub(super) fn backend(&self) -> Result<&Backend, Status> {
         self.sandboxes.as_ref().ok_or_else(|| {
             Status::unimplemented("this server runs no sandboxes (no node behind it)")
         })
@@ -224,7 +226,7 @@ impl Platform {
 
     /// Authenticates an id-addressed call, finds its sandbox on this node and checks the
     /// caller in the sandbox's namespace (a hidden one answers NOT_FOUND like a missing id).
-    async fn find(
+    pub(super) async fn find(
         &self,
         node: &Node,
         req: &Request<impl Sized>,
@@ -694,7 +696,7 @@ impl Platform {
     /// `msg` as it goes to a node for a call of `p` that came with `meta`: the caller's
     /// `authorization`, and the principal the router found with the secret it shares with
     /// its nodes.
-    fn to_node<T>(&self, msg: T, meta: &tonic::metadata::MetadataMap, p: &Principal) -> Request<T> {
+    pub(super) fn to_node<T>(&self, msg: T, meta: &tonic::metadata::MetadataMap, p: &Principal) -> Request<T> {
         let mut out = Request::new(msg);
         if let Some(a) = meta.get("authorization") {
             out.metadata_mut().insert("authorization", a.clone());
@@ -730,7 +732,7 @@ impl Platform {
 
     /// For an id-addressed call the router forwards: the caller (authenticated here; the
     /// owning node checks it in the sandbox's namespace) and a client of the node owning `id`.
-    async fn owner_client<T>(
+    pub(super) async fn owner_client<T>(
         &self,
         c: &dyn Cluster,
         req: &Request<T>,
@@ -749,7 +751,7 @@ impl Platform {
     }
 
     /// Audits a forwarded write's outcome.
-    async fn write_status<T>(
+    pub(super) async fn write_status<T>(
         &self,
         p: &Principal,
         method: &str,

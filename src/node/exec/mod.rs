@@ -210,6 +210,7 @@ impl Node {
         let sb = self.get(id)?;
         check(&req)?;
         self.wait_ready(&sb).await?;
+        sb.touch();
         self.not_shutting_down()?;
         let slot = if req.workload.is_some() {
             None
