@@ -59,11 +59,7 @@ impl Window {
 
     /// A window of `limit` bytes whose producer (an agent's exec `req_id`) is paced by the
     /// credit sent on `tx`.
-    pub fn with_credit(
-        limit: usize,
-        req_id: u64,
-        tx: mpsc::UnboundedSender<ToAgent>,
-    ) -> Arc<Self> {
+    pub fn with_credit(limit: usize, req_id: u64, tx: mpsc::UnboundedSender<ToAgent>) -> Arc<Self> {
         let limit = limit.max(1);
         Arc::new(Self {
             limit,

@@ -381,9 +381,11 @@ const ID_ADDRESSED: &[&str] = &[
     "DeleteWorkspace",
 ];
 
-/// The sandbox RPCs served since issue 17 (the rest answer UNIMPLEMENTED past the gate).
+/// The sandbox RPCs served since issues 17 and 18 (the rest answer UNIMPLEMENTED past the
+/// gate).
 const SERVED: &[&str] = &[
     "CreateSandbox",
+    "ExecInSandbox",
     "DeleteSandbox",
     "GetSandbox",
     "ListSandboxes",

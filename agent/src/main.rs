@@ -233,7 +233,10 @@ fn launch(e: &pb::Exec, spec: &spawn::Spec) -> Result<spawn::Child, Refused> {
         // What a shell would say and return for a program it cannot run.
         Err(SpawnError::Exec(err)) if err.kind() == std::io::ErrorKind::NotFound => {
             let name = spec.argv[0].to_string_lossy();
-            Err(Refused::Shell(format!("sh: exec: {name}: not found\n"), 127))
+            Err(Refused::Shell(
+                format!("sh: exec: {name}: not found\n"),
+                127,
+            ))
         }
         Err(SpawnError::Exec(err)) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
             // A script without `#!`: a shell runs it as a shell script.
@@ -295,7 +298,13 @@ fn start_interactive(
     e.req_id = req_id;
     let mut spec = command_for(&e);
     if start.tty {
-        let size = |v: u32, d: u16| if v == 0 { d } else { v.min(u16::MAX.into()) as u16 };
+        let size = |v: u32, d: u16| {
+            if v == 0 {
+                d
+            } else {
+                v.min(u16::MAX.into()) as u16
+            }
+        };
         spec.tty = Some((size(start.rows, 24), size(start.cols, 80)));
     } else {
         spec.stdin |= start.stdin;
@@ -317,7 +326,15 @@ fn start_interactive(
                 }
             }
             let input = Some((rx, credit.clone()));
-            tokio::spawn(supervise(e, child, input, out.clone(), running.clone(), gate, grace));
+            tokio::spawn(supervise(
+                e,
+                child,
+                input,
+                out.clone(),
+                running.clone(),
+                gate,
+                grace,
+            ));
         }
     }
 }
@@ -366,14 +383,19 @@ async fn feed(
     }
 }
 
-/// Stops an exec: its process group, and its terminal's foreground job (a shell's child in a
-/// group of its own) if it has one.
-async fn stop_exec(pgid: i32, foreground: Option<i32>, grace: Duration) {
-    match foreground {
-        Some(fg) if fg != pgid => {
-            tokio::join!(stop_group(pgid, grace), stop_group(fg, grace));
-        }
-        _ => stop_group(pgid, grace).await,
+/// Stops an exec: its process group, and with a terminal every group on it (a shell's jobs,
+/// each in a group of its own).
+async fn stop_exec(pgid: i32, pty: Option<&spawn::Pty>, grace: Duration) {
+    let mut groups = pty.map(|p| p.groups()).unwrap_or_default();
+    if !groups.contains(&pgid) {
+        groups.push(pgid);
+    }
+    let stops: Vec<_> = groups
+        .into_iter()
+        .map(|g| tokio::spawn(stop_group(g, grace)))
+        .collect();
+    for s in stops {
+        let _ = s.await;
     }
 }
 
@@ -426,7 +448,7 @@ async fn supervise(
     let status = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(s) => s.ok(),
         Err(_) => {
-            stop_exec(pgid, pty.as_ref().and_then(|p| p.foreground()), grace).await;
+            stop_exec(pgid, pty.as_deref(), grace).await;
             child.wait().await.ok()
         }
     };
@@ -605,16 +627,14 @@ fn abort(
     req_id: u64,
     grace: Duration,
 ) {
-    let (pg, fg) = {
+    let (pg, pty) = {
         let x = execs(running);
-        (
-            x.pgids.get(&req_id).copied(),
-            x.ptys.get(&req_id).and_then(|p| p.foreground()),
-        )
+        (x.pgids.get(&req_id).copied(), x.ptys.get(&req_id).cloned())
     };
     if let Some(pg) = pg {
         let again = !aborted.insert(req_id);
-        tokio::spawn(stop_exec(pg, fg, if again { Duration::ZERO } else { grace }));
+        let grace = if again { Duration::ZERO } else { grace };
+        tokio::spawn(async move { stop_exec(pg, pty.as_deref(), grace).await });
     }
 }
 

@@ -89,26 +89,57 @@ pub struct Child {
 #[derive(Debug)]
 pub struct Pty {
     fd: AsyncFd<OwnedFd>,
+    /// The session on it (its leader's pid).
+    session: i32,
 }
 
 impl Pty {
-    /// Sets the terminal's size. The kernel signals SIGWINCH to its foreground process group
-    /// when the size changes; the signal is sent here too, because not every kernel does (an
-    /// extra SIGWINCH only makes a program look at the size again).
+    /// Sets the terminal's size, and signals SIGWINCH to the process groups on it. Linux
+    /// signals the foreground group itself; gVisor changes the size but signals nobody, and
+    /// does not tell the master its foreground group, so every group of the session gets it
+    /// (SIGWINCH is ignored unless handled: a program that does not care never sees it, one
+    /// that does looks at the size again).
     pub fn resize(&self, rows: u16, cols: u16) -> io::Result<()> {
         set_size(self.fd.get_ref(), rows, cols)?;
-        if let Some(pg) = self.foreground() {
+        for pg in self.groups() {
             // SAFETY: kill(2) of a process group; a group that is gone is ESRCH.
             unsafe { libc::kill(-pg, libc::SIGWINCH) };
         }
         Ok(())
     }
 
-    /// The terminal's foreground process group (a shell's current job), if it has one.
-    pub fn foreground(&self) -> Option<i32> {
+    /// The process groups on the terminal: its foreground group where the master tells it,
+    /// else every group of its session (from `/proc`; the session's own group first).
+    pub fn groups(&self) -> Vec<i32> {
         // SAFETY: tcgetpgrp(3) on a descriptor we own.
-        let pg = unsafe { libc::tcgetpgrp(self.fd.get_ref().as_raw_fd()) };
-        (pg > 0).then_some(pg)
+        let fg = unsafe { libc::tcgetpgrp(self.fd.get_ref().as_raw_fd()) };
+        if fg > 0 {
+            return if fg == self.session {
+                vec![fg]
+            } else {
+                vec![self.session, fg]
+            };
+        }
+        let mut groups = vec![self.session];
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid pgrp session ...`; comm may hold anything but `)` ends it.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let (Some(pgrp), Some(sid)) = (f.get(2), f.get(3)) else {
+                continue;
+            };
+            if let (Ok(pg), Ok(sid)) = (pgrp.parse::<i32>(), sid.parse::<i32>()) {
+                if sid == self.session && !groups.contains(&pg) {
+                    groups.push(pg);
+                }
+            }
+        }
+        groups
     }
 
     /// The terminal's end-of-file character (^D unless the program changed it).
@@ -116,7 +147,9 @@ impl Pty {
         // SAFETY: tcgetattr(3) into a zeroed termios, on a descriptor we own.
         unsafe {
             let mut t: libc::termios = std::mem::zeroed();
-            if libc::tcgetattr(self.fd.get_ref().as_raw_fd(), &mut t) == 0 && t.c_cc[libc::VEOF] != 0 {
+            if libc::tcgetattr(self.fd.get_ref().as_raw_fd(), &mut t) == 0
+                && t.c_cc[libc::VEOF] != 0
+            {
                 t.c_cc[libc::VEOF]
             } else {
                 4
@@ -255,7 +288,10 @@ fn open_pty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
         if libc::ptsname_r(m, name.as_mut_ptr(), name.len()) != 0 {
             return Err(io::Error::last_os_error());
         }
-        let s = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        let s = libc::open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
         if s < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -728,7 +764,10 @@ fn finish(mut child: Child, io: ParentIo) -> io::Result<Child> {
         ParentIo::Tty(master) => {
             // SAFETY: an OwnedFd's descriptor stays open and the same until it is dropped.
             let fd = unsafe { AsyncFd::register(master) }.map_err(|e| e.into_parts().1)?;
-            child.pty = Some(Arc::new(Pty { fd }));
+            child.pty = Some(Arc::new(Pty {
+                fd,
+                session: child.pid,
+            }));
         }
     }
     Ok(child)

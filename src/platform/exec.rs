@@ -26,8 +26,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::service::{Error, Platform, Stream_};
 use super::sandboxes::{namespace_of, Backend};
+use super::service::{Error, Platform, Stream_};
 use crate::api::platform::v1 as pb;
 use crate::node::exec::{Completed, ExecEvent, ExecInput, ExecRequest, TtySize};
 use crate::node::{self, Node, Status as NodeStatus};
@@ -158,7 +158,15 @@ async fn pump_output(
     sb: std::sync::Arc<node::Sandbox>,
 ) {
     use pb::exec_server_message::Msg;
-    while let Some(ev) = events.recv().await {
+    loop {
+        let ev = tokio::select! {
+            ev = events.recv() => match ev {
+                Some(ev) => ev,
+                None => return,
+            },
+            // The client went away: dropping the events cancels the exec.
+            _ = tx.closed() => return,
+        };
         let m = match ev {
             ExecEvent::Stdout(d, _, hold) => {
                 sb.touch();

@@ -153,8 +153,9 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
                 .max(sb.created_at),
         )),
         // The idle clock (an exec keeps it fresh); what suspends at it comes with issue 19.
-        idle_suspend_at: (spec.idle_suspend_sec > 0 && state == pb::SandboxState::Running)
-            .then(|| timestamp(sb.last_active() + Duration::from_secs(spec.idle_suspend_sec.into()))),
+        idle_suspend_at: (spec.idle_suspend_sec > 0 && state == pb::SandboxState::Running).then(
+            || timestamp(sb.last_active() + Duration::from_secs(spec.idle_suspend_sec.into())),
+        ),
         expires_at: max_lifetime.map(|d| timestamp(sb.created_at + d)),
     }
 }
@@ -696,7 +697,12 @@ impl Platform {
     /// `msg` as it goes to a node for a call of `p` that came with `meta`: the caller's
     /// `authorization`, and the principal the router found with the secret it shares with
     /// its nodes.
-    pub(super) fn to_node<T>(&self, msg: T, meta: &tonic::metadata::MetadataMap, p: &Principal) -> Request<T> {
+    pub(super) fn to_node<T>(
+        &self,
+        msg: T,
+        meta: &tonic::metadata::MetadataMap,
+        p: &Principal,
+    ) -> Request<T> {
         let mut out = Request::new(msg);
         if let Some(a) = meta.get("authorization") {
             out.metadata_mut().insert("authorization", a.clone());

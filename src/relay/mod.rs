@@ -641,8 +641,10 @@ impl Relay {
                 .control(frame::Control {
                     start: Some(frame::Start {
                         // The same sandbox.v1 message, as the agent crate's type.
-                        exec: prost::Message::decode(prost::Message::encode_to_vec(&exec).as_slice())
-                            .ok(),
+                        exec: prost::Message::decode(
+                            prost::Message::encode_to_vec(&exec).as_slice(),
+                        )
+                        .ok(),
                         tty: how.tty,
                         rows: how.rows,
                         cols: how.cols,
@@ -652,13 +654,13 @@ impl Relay {
                     ..Default::default()
                 })
                 .is_ok(),
-            _ => w
-                .tx
-                .send(Ok(pb::ServerFrame {
+            _ => {
+                w.tx.send(Ok(pb::ServerFrame {
                     msg: Some(ServerMsg::Exec(exec)),
                 }))
                 .await
-                .is_ok(),
+                .is_ok()
+            }
         };
         if !sent {
             lock(&w.inflight).remove(&req_id);
@@ -989,7 +991,13 @@ mod tests {
         stdin.resize(40, 120).unwrap();
         stdin.close().unwrap();
         let c = control(ctl.try_recv().unwrap());
-        assert_eq!(c.resize, Some(frame::TtySize { rows: 40, cols: 120 }));
+        assert_eq!(
+            c.resize,
+            Some(frame::TtySize {
+                rows: 40,
+                cols: 120
+            })
+        );
         assert!(control(ctl.try_recv().unwrap()).eof);
         // The caller going away aborts it on the same channel, after everything else.
         drop(events);

@@ -58,7 +58,13 @@ pub struct TtySize {
 impl TtySize {
     /// The size with its defaults filled in.
     pub fn or_default(self) -> (u16, u16) {
-        let clamp = |v: u32, d: u16| if v == 0 { d } else { v.min(u16::MAX as u32) as u16 };
+        let clamp = |v: u32, d: u16| {
+            if v == 0 {
+                d
+            } else {
+                v.min(u16::MAX as u32) as u16
+            }
+        };
         (clamp(self.rows, 24), clamp(self.cols, 80))
     }
 }
