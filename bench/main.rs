@@ -9,6 +9,7 @@
 
 mod base;
 mod host;
+mod interactive;
 mod ours;
 mod platform;
 mod scenarios;
@@ -606,6 +607,62 @@ async fn run(
                 )],
             });
         }
+    }
+
+    if args.runs("platform") {
+        let (echoes, bytes, rounds) = if args.quick {
+            (200, 256 << 20, 2)
+        } else {
+            (1000, 1 << 30, 4)
+        };
+        eprintln!(
+            "compute-bench: interactive exec ({echoes} echoes, {rounds} x {} MiB of stdin, in turns)",
+            bytes >> 20
+        );
+        let r = match &o_err {
+            Some(e) => Err(anyhow::anyhow!("did not start: {e}")),
+            None => interactive::run(ours, echoes, bytes, rounds).await,
+        };
+        if let Err(e) = &r {
+            eprintln!("compute-bench: interactive exec: {e:#}");
+        }
+        let p50 = r
+            .as_ref()
+            .ok()
+            .and_then(|m| Dist::of(&m.echo_ms, Better::Lower))
+            .map(|d| d.p50);
+        push(Scenario {
+            name: "exec_tty_echo_rtt",
+            unit: "ms",
+            better: Better::Lower,
+            ours: side_of(&r, |m| Side::measured(Dist::of(&m.echo_ms, Better::Lower))),
+            baseline: side_of(&r, |m| {
+                Side::measured(Dist::of(&m.host_echo_ms, Better::Lower))
+            }),
+            notes: vec![format!(
+                "one exec-only platform sandbox, {echoes} round trips per side in turns of 50;                  ours: platform.v1 ExecInSandbox (root on the socket) of `cat` on a terminal                  in raw mode, one byte on stdin until the same byte is back on stdout;                  baseline: the same through a host `cat` over pipes (no sandbox, no daemon, no                  terminal); target: p50 <= 2 ms{}",
+                p50.map(|v| format!(" (measured {v:.2} ms)")).unwrap_or_default()
+            )],
+        });
+        let ratio = r.as_ref().ok().and_then(|m| {
+            let o = Dist::of(&m.stdin_mbps, Better::Higher)?;
+            let h = Dist::of(&m.host_stdin_mbps, Better::Higher)?;
+            Some((o.p50 / h.p50 * 1000.0).round() / 1000.0)
+        });
+        push(Scenario {
+            name: "exec_stdin_throughput",
+            unit: "MB/s",
+            better: Better::Higher,
+            ours: side_of(&r, |m| Side::measured(Dist::of(&m.stdin_mbps, Better::Higher))),
+            baseline: side_of(&r, |m| {
+                Side::measured(Dist::of(&m.host_stdin_mbps, Better::Higher))
+            }),
+            notes: vec![format!(
+                "{rounds} transfer(s) of {} MiB per side in turns; ours: ExecInSandbox stdin                  (1 MiB messages) into `cat > /dev/null` in the sandbox until its exit;                  baseline: the same bytes into a host `cat > /dev/null` through a pipe;                  target: ratio >= 0.3{}",
+                bytes >> 20,
+                ratio.map(|x| format!(" (measured {x})")).unwrap_or_default()
+            )],
+        });
     }
 
     if args.runs("output") {

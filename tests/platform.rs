@@ -2092,6 +2092,66 @@ async fn watch_and_tail_through_the_router_resume_across_a_node_restart() {
     assert_eq!(rest.sandboxes[0].sandbox_id, id);
     assert!(rest.next_page_token.is_empty());
 
+    // An interactive exec through the router: its stdin and output stream through to the
+    // owning node, which checks the caller again.
+    let t0 = std::time::Instant::now();
+    while s
+        .get_sandbox(with(
+            pb::GetSandboxRequest {
+                sandbox_id: id.clone(),
+            },
+            Some(&op),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .state
+        != pb::SandboxState::Running as i32
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{id} never RUNNING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exec = |token: &str| {
+        use pb::exec_client_message::Msg;
+        let msgs = vec![
+            Msg::Spec(pb::ExecSpec {
+                sandbox_id: id.clone(),
+                argv: vec!["sh".into(), "-c".into(), "read x; echo \"got $x\"".into()],
+                ..Default::default()
+            }),
+            Msg::Stdin(b"routed\n".to_vec()),
+            Msg::StdinClose(true),
+        ];
+        let msgs: Vec<_> = msgs
+            .into_iter()
+            .map(|m| pb::ExecClientMessage { msg: Some(m) })
+            .collect();
+        let mut s = s.clone();
+        let req = with(tokio_stream::iter(msgs), Some(token));
+        async move {
+            let mut rx = s.exec_in_sandbox(req).await?.into_inner();
+            let mut out = Vec::new();
+            while let Some(m) = rx.message().await? {
+                match m.msg {
+                    Some(pb::exec_server_message::Msg::Stdout(d)) => out.extend(d),
+                    Some(pb::exec_server_message::Msg::Exit(e)) => return Ok((out, e.code)),
+                    _ => {}
+                }
+            }
+            Err(tonic::Status::internal("no exit"))
+        }
+    };
+    let (out, code) = exec(&op).await.unwrap();
+    assert_eq!(
+        (String::from_utf8_lossy(&out).as_ref(), code),
+        ("got routed\n", 0)
+    );
+    assert_eq!(
+        exec(&viewer).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    assert_eq!(exec(&op_b).await.unwrap_err().code(), Code::NotFound);
+
     // Follow through the router until ~50 lines are in, then kill -9 the owning node and bring
     // it back; the follower reconnects from its last offset.
     let follow = |from: u64| {

@@ -1005,7 +1005,7 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(control(abort).abort, true);
+        assert!(control(abort).abort);
         assert_eq!(w.inflight(), 0);
         // Its writer is let go once it has ended.
         let err = stdin.write(&vec![0u8; STDIN_WINDOW + 1]).await.unwrap_err();
