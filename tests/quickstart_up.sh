@@ -135,6 +135,17 @@ out=$(grpcurl -plaintext \
   compute.v1.ComputeService/ReadFile)
 grep -q '"data": "aGVsbG8gd29ybGQK"' <<<"$out"; check "read back hello world" $?
 
+# The README's interactive exec (platform.v1 ExecInSandbox), as root on the unix socket: stdin
+# in, the half-close at the end of -d as its end, the reversed line out, the exit.
+out=$(grpcurl -plaintext -unix -authority localhost -d @ "${COMPUTE_SOCKET:-/run/compute/compute.sock}" \
+  platform.v1.SandboxService/ExecInSandbox <<END
+{"spec": {"sandbox_id": "$id", "argv": ["python3", "-c", "print(input()[::-1])"]}}
+{"stdin": "aGVsbG8K"}
+END
+)
+grep -q '"stdout": "b2xsZWgK"' <<<"$out" && grep -q TERMINATION_EXITED <<<"$out"
+check "ExecInSandbox with stdin through grpcurl" $?
+
 # 6. Destroy the sandbox
 out=$(grpcurl -plaintext \
   -d '{"sandbox_id": "'"$id"'"}' \
