@@ -178,18 +178,19 @@ impl Base {
     async fn run_exec(&self, id: &str, argv: &[&str], t0: Instant) -> Result<ExecOutcome> {
         let ctr = self.ctr.get().context("baseline not started")?;
         let exec_id = format!("exec-{}", uuid::Uuid::new_v4().simple());
-        let mut io = ExecIo::create(self.cfg.run_dir.join("io").join(id).join(&exec_id))?;
+        let dir = self.cfg.run_dir.join("io").join(id).join(&exec_id);
+        let mut io = ExecIo::create(dir, false, false)?;
         let args: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let env = vec![spec::DEFAULT_PATH.to_string(), "HOME=/root".into()];
-        let process = spec::exec_process(&args, &env, "/workspace");
-        ctr.exec(
-            id,
-            &exec_id,
-            process,
-            &io.stdout_path.display().to_string(),
-            &io.stderr_path.display().to_string(),
-        )
-        .await?;
+        let process = spec::exec_process(&args, &env, "/workspace", None);
+        let out = io.stdout_path.display().to_string();
+        let err = io
+            .stderr_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        ctr.exec(id, &exec_id, process, ["", &out, &err], false)
+            .await?;
         if let Err(e) = ctr.start(id, &exec_id).await {
             let _ = ctr.delete_process(id, &exec_id).await;
             return Err(e.into());

@@ -10,8 +10,8 @@ use prost_types::Any;
 use tokio::sync::watch;
 
 use super::{
-    containerd, ExecLaunch, ImageInfo, Progress, Record, ResolvedImage, Result, RuntimeChoice,
-    SandboxLaunch, SandboxRuntime, TaskState,
+    containerd, ConsoleSize, ExecLaunch, ImageInfo, Progress, Record, ResolvedImage, Result,
+    RuntimeChoice, SandboxLaunch, SandboxRuntime, TaskState,
 };
 use crate::config::RuntimeKind;
 
@@ -338,6 +338,14 @@ impl SandboxRuntime for FakeRuntime {
     }
 
     async fn exec_kill(&self, id: &str, _: &str, _: Signal) -> Result<()> {
+        Err(Self::not_found(id))
+    }
+
+    async fn exec_resize(&self, id: &str, _: &str, _: ConsoleSize) -> Result<()> {
+        Err(Self::not_found(id))
+    }
+
+    async fn exec_close_stdin(&self, id: &str, _: &str) -> Result<()> {
         Err(Self::not_found(id))
     }
 

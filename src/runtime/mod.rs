@@ -101,12 +101,25 @@ pub struct SandboxLaunch<'a> {
 pub struct ExecLaunch<'a> {
     /// Its id within the sandbox.
     pub exec_id: &'a str,
-    /// The OCI `Process` JSON.
+    /// The OCI `Process` JSON (its `terminal` must agree with `terminal`).
     pub process: Vec<u8>,
+    /// The stdin FIFO (an empty path: none, the process reads end-of-file).
+    pub stdin: &'a Path,
     /// The stdout FIFO (an empty path: none).
     pub stdout: &'a Path,
-    /// The stderr FIFO (an empty path: none).
+    /// The stderr FIFO (an empty path: none; it must be none with a terminal).
     pub stderr: &'a Path,
+    /// The process runs on a pseudo-terminal whose output all comes on `stdout`.
+    pub terminal: bool,
+}
+
+/// A terminal's size in characters (OCI's `consoleSize`, containerd's ResizePty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsoleSize {
+    /// Rows.
+    pub height: u16,
+    /// Columns.
+    pub width: u16,
 }
 
 /// One sandbox record the runtime holds: its id and labels.
@@ -187,6 +200,14 @@ pub trait SandboxRuntime: Send + Sync + 'static {
 
     /// Signals an exec process (the host-side `runsc exec`, not the process inside).
     async fn exec_kill(&self, id: &str, exec_id: &str, signal: Signal) -> Result<()>;
+
+    /// Resizes the terminal of an exec process started with one.
+    async fn exec_resize(&self, id: &str, exec_id: &str, size: ConsoleSize) -> Result<()>;
+
+    /// Ends the stdin of an exec process started with one: the shim holds a write end of
+    /// the stdin FIFO of its own, so the process reads end-of-file only once this is called
+    /// and every other writer has closed.
+    async fn exec_close_stdin(&self, id: &str, exec_id: &str) -> Result<()>;
 
     /// Deletes an exited exec process; a missing one is not an error.
     async fn exec_delete(&self, id: &str, exec_id: &str) -> Result<()>;
@@ -372,11 +393,11 @@ impl SandboxRuntime for Runtime {
     }
 
     async fn exec_start(&self, id: &str, e: ExecLaunch<'_>) -> Result<()> {
-        let (out, err) = (
-            e.stdout.display().to_string(),
-            e.stderr.display().to_string(),
-        );
-        self.ctr.exec(id, e.exec_id, e.process, &out, &err).await?;
+        let stdio = [e.stdin, e.stdout, e.stderr].map(|p| p.display().to_string());
+        let stdio = [&*stdio[0], &*stdio[1], &*stdio[2]];
+        self.ctr
+            .exec(id, e.exec_id, e.process, stdio, e.terminal)
+            .await?;
         if let Err(err) = self.ctr.start(id, e.exec_id).await {
             let _ = self.ctr.delete_process(id, e.exec_id).await;
             return Err(err.into());
@@ -397,6 +418,17 @@ impl SandboxRuntime for Runtime {
             .ctr
             .kill(id, exec_id, signal_number(signal), false)
             .await?)
+    }
+
+    async fn exec_resize(&self, id: &str, exec_id: &str, size: ConsoleSize) -> Result<()> {
+        Ok(self
+            .ctr
+            .resize_pty(id, exec_id, size.width.into(), size.height.into())
+            .await?)
+    }
+
+    async fn exec_close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
+        Ok(self.ctr.close_stdin(id, exec_id).await?)
     }
 
     async fn exec_delete(&self, id: &str, exec_id: &str) -> Result<()> {

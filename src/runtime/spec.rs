@@ -4,6 +4,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use super::ConsoleSize;
+
 /// Default PATH inside sandboxes when the image sets none.
 pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -138,10 +140,15 @@ pub fn sandbox_spec(s: &SandboxSpec<'_>) -> Vec<u8> {
     serde_json::to_vec(&spec).unwrap_or_default()
 }
 
-/// The OCI Process JSON of one exec.
-pub fn exec_process(args: &[String], env: &[String], cwd: &str) -> Vec<u8> {
-    let p = json!({
-        "terminal": false,
+/// The OCI Process JSON of one exec; with `terminal`, on a pseudo-terminal of that size.
+pub fn exec_process(
+    args: &[String],
+    env: &[String],
+    cwd: &str,
+    terminal: Option<ConsoleSize>,
+) -> Vec<u8> {
+    let mut p = json!({
+        "terminal": terminal.is_some(),
         "user": {"uid": 0, "gid": 0},
         "args": args,
         "env": env,
@@ -149,6 +156,9 @@ pub fn exec_process(args: &[String], env: &[String], cwd: &str) -> Vec<u8> {
         "capabilities": caps(),
         "noNewPrivileges": true
     });
+    if let Some(size) = terminal {
+        p["consoleSize"] = json!({"height": size.height, "width": size.width});
+    }
     serde_json::to_vec(&p).unwrap_or_default()
 }
 
@@ -208,6 +218,22 @@ mod tests {
             "/var/lib/compute/workspaces/x/mounts/1/data"
         );
         assert_eq!(at("/data")["options"][1], "ro");
+    }
+
+    #[test]
+    fn an_exec_on_a_terminal_carries_its_size() {
+        let args = ["sh".to_string()];
+        let plain: Value = serde_json::from_slice(&exec_process(&args, &[], "/", None)).unwrap();
+        assert_eq!(plain["terminal"], false);
+        assert!(plain.get("consoleSize").is_none());
+        let size = ConsoleSize {
+            height: 40,
+            width: 132,
+        };
+        let tty: Value =
+            serde_json::from_slice(&exec_process(&args, &[], "/", Some(size))).unwrap();
+        assert_eq!(tty["terminal"], true);
+        assert_eq!(tty["consoleSize"], json!({"height": 40, "width": 132}));
     }
 
     #[test]

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
-    CreateTaskRequest, DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest, GetRequest,
-    KillRequest, StartRequest, WaitRequest,
+    CloseIoRequest, CreateTaskRequest, DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest,
+    GetRequest, KillRequest, ResizePtyRequest, StartRequest, WaitRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use containerd_client::types::Mount;
@@ -115,22 +115,24 @@ impl Containerd {
         }
     }
 
-    /// Adds an exec process to a running task. `process_json` is an OCI `Process`.
+    /// Adds an exec process to a running task. `process_json` is an OCI `Process`; `stdio`
+    /// are its FIFO paths (stdin, stdout, stderr; empty = none), and with `terminal` it runs
+    /// on a pseudo-terminal the shim copies to stdout (it takes no stderr then).
     pub async fn exec(
         &self,
         id: &str,
         exec_id: &str,
         process_json: Vec<u8>,
-        stdout: &str,
-        stderr: &str,
+        stdio: [&str; 3],
+        terminal: bool,
     ) -> Result<()> {
         TasksClient::new(self.channel.clone())
             .exec(self.req(ExecProcessRequest {
                 container_id: id.into(),
-                stdin: String::new(),
-                stdout: stdout.into(),
-                stderr: stderr.into(),
-                terminal: false,
+                stdin: stdio[0].into(),
+                stdout: stdio[1].into(),
+                stderr: stdio[2].into(),
+                terminal,
                 spec: Some(Any {
                     type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
                     value: process_json,
@@ -139,6 +141,34 @@ impl Containerd {
             }))
             .await
             .map_err(call_err("Tasks.Exec", format!("{id}/{exec_id}")))?;
+        Ok(())
+    }
+
+    /// Resizes the pseudo-terminal of the task or of one exec process.
+    pub async fn resize_pty(&self, id: &str, exec_id: &str, width: u32, height: u32) -> Result<()> {
+        TasksClient::new(self.channel.clone())
+            .resize_pty(self.req(ResizePtyRequest {
+                container_id: id.into(),
+                exec_id: exec_id.into(),
+                width,
+                height,
+            }))
+            .await
+            .map_err(call_err("Tasks.ResizePty", format!("{id}/{exec_id}")))?;
+        Ok(())
+    }
+
+    /// Closes the shim's own write end of the stdin FIFO of the task or of one exec process,
+    /// so that the process reads end-of-file once the other writers are gone.
+    pub async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
+        TasksClient::new(self.channel.clone())
+            .close_io(self.req(CloseIoRequest {
+                container_id: id.into(),
+                exec_id: exec_id.into(),
+                stdin: true,
+            }))
+            .await
+            .map_err(call_err("Tasks.CloseIO", format!("{id}/{exec_id}")))?;
         Ok(())
     }
 
