@@ -30,6 +30,9 @@ pub struct Measured {
     pub stdin_mbps: Vec<f64>,
     /// Baseline: host pipe MB/s.
     pub host_stdin_mbps: Vec<f64>,
+    /// For reference: a pipe inside the sandbox (`head -c N /dev/zero | cat > /dev/null`),
+    /// MB/s: what gVisor itself moves between two processes.
+    pub sandbox_pipe_mbps: Vec<f64>,
 }
 
 const NS: &str = "bench-exec";
@@ -209,6 +212,35 @@ async fn stdin_throughput(ch: &Channel, id: &str, bytes: usize) -> Result<f64> {
     Ok(bytes as f64 / 1e6 / t0.elapsed().as_secs_f64())
 }
 
+/// `bytes` through a pipe between two processes inside the sandbox: MB/s until the exit.
+async fn sandbox_pipe(ch: &Channel, id: &str, bytes: usize) -> Result<f64> {
+    let spec = ppb::ExecSpec {
+        sandbox_id: id.into(),
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("head -c {bytes} /dev/zero | cat > /dev/null"),
+        ],
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let (tx, mut out) = open(ch, spec).await?;
+    drop(tx);
+    loop {
+        match out.message().await? {
+            Some(ppb::ExecServerMessage {
+                msg: Some(Out::Exit(e)),
+            }) if e.code == 0 => break,
+            Some(ppb::ExecServerMessage {
+                msg: Some(Out::Exit(e)),
+            }) => bail!("pipe: {e:?}"),
+            Some(_) => {}
+            None => bail!("no exit"),
+        }
+    }
+    Ok(bytes as f64 / 1e6 / t0.elapsed().as_secs_f64())
+}
+
 /// The same bytes into a host `cat > /dev/null` through a pipe.
 async fn host_stdin_throughput(bytes: usize) -> Result<f64> {
     let t0 = Instant::now();
@@ -252,6 +284,8 @@ pub async fn run(o: &Ours, echoes: usize, bytes: usize, rounds: usize) -> Result
             m.host_stdin_mbps.push(host_stdin_throughput(bytes).await?);
             m.stdin_mbps.push(stdin_throughput(&ch, &id, bytes).await?);
         }
+        m.sandbox_pipe_mbps
+            .push(sandbox_pipe(&ch, &id, bytes).await?);
     }
     let _ = ppb::sandbox_service_client::SandboxServiceClient::new(ch)
         .delete_sandbox(ppb::DeleteSandboxRequest { sandbox_id: id })

@@ -653,7 +653,13 @@ async fn run(
             name: "exec_stdin_throughput",
             unit: "MB/s",
             better: Better::Higher,
-            ours: side_of(&r, |m| Side::measured(Dist::of(&m.stdin_mbps, Better::Higher))),
+            ours: side_of(&r, |m| {
+                let mut side = Side::measured(Dist::of(&m.stdin_mbps, Better::Higher));
+                if let Some(d) = Dist::of(&m.sandbox_pipe_mbps, Better::Higher) {
+                    side = side.with("sandbox_pipe_p50_mbps", (d.p50 * 10.0).round() / 10.0);
+                }
+                side
+            }),
             baseline: side_of(&r, |m| {
                 Side::measured(Dist::of(&m.host_stdin_mbps, Better::Higher))
             }),

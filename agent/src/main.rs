@@ -125,12 +125,16 @@ async fn pump(
     stream: pb::Stream,
     out: Out,
     gate: Arc<Gate>,
-    linger: Duration,
+    linger: Option<Duration>,
 ) {
     let mut buf = vec![0u8; flow::CHUNK_MAX];
     loop {
         let allowed = gate.reserve(flow::CHUNK_MAX).await;
-        let n = flow::read_chunk(&mut r, &mut buf[..allowed], linger).await;
+        let n = match linger {
+            Some(l) => flow::read_chunk(&mut r, &mut buf[..allowed], l).await,
+            // One read: no second one to find the pipe empty (a system call under gVisor).
+            None => r.read(&mut buf[..allowed]).await.unwrap_or(0),
+        };
         gate.refund(allowed - n);
         if n == 0 {
             return;
@@ -325,7 +329,7 @@ fn start_interactive(
                     x.ptys.insert(req_id, p.clone());
                 }
             }
-            let input = Some((rx, credit.clone()));
+            let input = Some((rx, credit.clone(), start.stdin_window));
             tokio::spawn(supervise(
                 e,
                 child,
@@ -346,7 +350,7 @@ fn start_interactive(
 async fn feed(
     w: Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
     first: Vec<u8>,
-    input: Option<(mpsc::UnboundedReceiver<Input>, Credit)>,
+    input: Option<(mpsc::UnboundedReceiver<Input>, Credit, u64)>,
     req_id: u64,
     pty: Option<Arc<spawn::Pty>>,
 ) {
@@ -356,9 +360,14 @@ async fn feed(
             w = None;
         }
     }
-    let Some((mut rx, credit)) = input else {
+    let Some((mut rx, credit, window)) = input else {
         return;
     };
+    // Credit goes back in batches of a quarter window: the daemon never has less than three
+    // quarters to send, and a byte typed into a terminal costs no frame back (a write, under
+    // gVisor a system call, on the echo's way).
+    let batch = (window / 4).max(1);
+    let mut owed = 0u64;
     while let Some(i) = rx.recv().await {
         match i {
             Input::Data(d) => {
@@ -367,11 +376,14 @@ async fn feed(
                         w = None;
                     }
                 }
-                let _ = credit.send(frame::Flow {
-                    req_id,
-                    credit: d.len() as u64,
-                    window: 0,
-                });
+                owed += d.len() as u64;
+                if owed >= batch {
+                    let _ = credit.send(frame::Flow {
+                        req_id,
+                        credit: std::mem::take(&mut owed),
+                        window: 0,
+                    });
+                }
             }
             Input::Eof => match (&pty, w.as_mut()) {
                 (Some(p), Some(x)) => {
@@ -403,7 +415,7 @@ async fn stop_exec(pgid: i32, pty: Option<&spawn::Pty>, grace: Duration) {
 async fn supervise(
     mut e: pb::Exec,
     mut child: spawn::Child,
-    input: Option<(mpsc::UnboundedReceiver<Input>, Credit)>,
+    input: Option<(mpsc::UnboundedReceiver<Input>, Credit, u64)>,
     out: Out,
     running: Running,
     gate: Arc<Gate>,
@@ -428,7 +440,7 @@ async fn supervise(
             pb::Stream::Stdout,
             out.clone(),
             gate.clone(),
-            Duration::ZERO,
+            None,
         )));
     }
     for (r, stream) in [
@@ -437,7 +449,14 @@ async fn supervise(
     ] {
         if let Some(r) = r {
             let (o, g) = (out.clone(), gate.clone());
-            pumps.push(tokio::spawn(pump(r, req_id, stream, o, g, flow::LINGER)));
+            pumps.push(tokio::spawn(pump(
+                r,
+                req_id,
+                stream,
+                o,
+                g,
+                Some(flow::LINGER),
+            )));
         }
     }
     let timeout = if e.timeout_s == 0 {
@@ -531,7 +550,8 @@ fn stdio_transport(
     tokio::spawn(async move {
         let mut stdin = stdio_reader();
         let mut r = frame::Reader::default();
-        let mut buf = vec![0u8; 64 * 1024];
+        // Interactive stdin comes in frames of up to 256 KiB: read them in few calls.
+        let mut buf = vec![0u8; 1 << 20];
         loop {
             match stdin.read(&mut buf).await {
                 // The node daemon may be restarting: the FIFO comes back; keep waiting.

@@ -617,7 +617,11 @@ pub fn spawn(spec: &Spec) -> Result<Child, SpawnError> {
         // SAFETY: fcntl(2) on a descriptor we own.
         unsafe { libc::fcntl(out_r.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_BYTES) };
         let stdin = if spec.stdin {
-            Some(pipe_pair().map_err(exec)?)
+            let (r, w) = pipe_pair().map_err(exec)?;
+            // Room for a whole stdin frame, so that the agent writes it in one call.
+            // SAFETY: fcntl(2) on a descriptor we own (best effort).
+            unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_BYTES) };
+            Some((r, w))
         } else {
             None
         };

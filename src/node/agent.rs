@@ -135,6 +135,11 @@ impl Node {
                 from_agent.as_raw_fd(),
                 FcntlArg::F_SETPIPE_SZ(AGENT_PIPE_BYTES),
             );
+            // And toward it: interactive stdin comes in frames of up to 256 KiB.
+            let _ = fcntl(
+                to_agent.as_raw_fd(),
+                FcntlArg::F_SETPIPE_SZ(AGENT_PIPE_BYTES),
+            );
         }
         let relay = self.relay().clone();
         let tasks = self.inner.tasks.clone();

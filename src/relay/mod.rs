@@ -84,11 +84,14 @@ pub enum ToAgent {
 pub type ControlRx = mpsc::UnboundedReceiver<ToAgent>;
 
 /// Most stdin bytes of one interactive exec sent ahead of the agent's credit: what the agent
-/// holds for a process that does not read.
-pub const STDIN_WINDOW: usize = 256 << 10;
+/// holds for a process that does not read. Throughput is at most a window per credit round
+/// trip (~2 ms through gVisor's ptrace platform): 4 MiB keeps that well above what the agent
+/// can write into a pipe.
+pub const STDIN_WINDOW: usize = 4 << 20;
 
-/// Most stdin bytes in one control frame.
-const STDIN_CHUNK: usize = 64 << 10;
+/// Most stdin bytes in one control frame (fewer frames: fewer reads in the agent, each a
+/// system call under gVisor).
+const STDIN_CHUNK: usize = 256 << 10;
 
 /// How an interactive exec runs (see `frame::Start`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
