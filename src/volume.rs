@@ -223,10 +223,31 @@ pub fn detach(paths: &Paths) -> Result<()> {
         .chain(std::iter::once(paths.clone()))
     {
         if is_mounted(&p.data) {
-            run("umount", Command::new("umount").arg(&p.data), &p.data)?;
+            umount(&p.data)?;
         }
     }
     Ok(())
+}
+
+/// Unmounts `dir`. A mount still busy (the sandbox's gofer or shim a moment behind its
+/// task's exit, on a loaded node) is tried again for up to 5 s, then detached lazily: it is
+/// gone from the tree at once, and its loop device is released when the last holder exits.
+fn umount(dir: &Path) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match run("umount", Command::new("umount").arg(dir), dir) {
+            Err(Error::Tool { stderr, .. })
+                if stderr.contains("busy") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(Error::Tool { stderr, .. }) if stderr.contains("busy") => {
+                tracing::warn!(path = %dir.display(), "volume still busy after 5 s: lazy unmount");
+                return run("umount", Command::new("umount").arg("-l").arg(dir), dir);
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Whether the sandbox's volume is an ext4-loop image.

@@ -189,14 +189,15 @@ async fn shell_in_a_terminal() {
     let (cols, lines) = pane_size(&session);
     type_line(
         &session,
-        "import os; print('SIZE0', *os.get_terminal_size())",
+        "import os; print('SIZE0', end=' ', flush=True); os.system('stty size')",
     );
     let got = wait_line(&session, "the first size", |l| l.starts_with("SIZE0 "));
-    assert_eq!(got, format!("SIZE0 {cols} {lines}"));
+    // `stty size` in the sandbox's terminal: rows, then columns.
+    assert_eq!(got, format!("SIZE0 {lines} {cols}"));
     tmux(&["resize-window", "-t", &session, "-x", "100", "-y", "30"]);
     let (cols2, lines2) = pane_size(&session);
     assert_ne!((cols, lines), (cols2, lines2), "tmux did not resize");
-    let want = format!("{cols2} {lines2}");
+    let want = format!("{lines2} {cols2}");
     let mut last = String::new();
     for i in 1..=20 {
         // (The resize message and the typed line race: ask again until the new size shows.)
@@ -204,7 +205,7 @@ async fn shell_in_a_terminal() {
         let tag = format!("SIZE{i}");
         type_line(
             &session,
-            &format!("print('{tag}', *os.get_terminal_size())"),
+            &format!("print('{tag}', end=' ', flush=True); os.system('stty size')"),
         );
         last = wait_line(&session, &tag, |l| l.starts_with(&format!("{tag} ")));
         if last == format!("{tag} {want}") {
