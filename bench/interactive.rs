@@ -125,6 +125,22 @@ async fn until(
     Ok(())
 }
 
+/// Reads to the exit, which must be 0.
+async fn exited_ok(out: &mut tonic::Streaming<ppb::ExecServerMessage>, what: &str) -> Result<()> {
+    loop {
+        match out.message().await? {
+            Some(ppb::ExecServerMessage {
+                msg: Some(Out::Exit(e)),
+            }) if e.code == 0 => return Ok(()),
+            Some(ppb::ExecServerMessage {
+                msg: Some(Out::Exit(e)),
+            }) => bail!("{what}: {e:?}"),
+            Some(_) => {}
+            None => bail!("{what}: no exit"),
+        }
+    }
+}
+
 /// `n` echo round trips through `cat` on a raw terminal in the sandbox.
 async fn echo(ch: &Channel, id: &str, n: usize) -> Result<Vec<f64>> {
     let spec = ppb::ExecSpec {
@@ -197,18 +213,7 @@ async fn stdin_throughput(ch: &Channel, id: &str, bytes: usize) -> Result<f64> {
     let mut seen = Vec::new();
     until(&mut out, &mut seen, b"done").await?;
     feed.await??;
-    loop {
-        match out.message().await? {
-            Some(ppb::ExecServerMessage {
-                msg: Some(Out::Exit(e)),
-            }) if e.code == 0 => break,
-            Some(ppb::ExecServerMessage {
-                msg: Some(Out::Exit(e)),
-            }) => bail!("cat: {e:?}"),
-            Some(_) => {}
-            None => bail!("no exit"),
-        }
-    }
+    exited_ok(&mut out, "cat").await?;
     Ok(bytes as f64 / 1e6 / t0.elapsed().as_secs_f64())
 }
 
@@ -226,18 +231,7 @@ async fn sandbox_pipe(ch: &Channel, id: &str, bytes: usize) -> Result<f64> {
     let t0 = Instant::now();
     let (tx, mut out) = open(ch, spec).await?;
     drop(tx);
-    loop {
-        match out.message().await? {
-            Some(ppb::ExecServerMessage {
-                msg: Some(Out::Exit(e)),
-            }) if e.code == 0 => break,
-            Some(ppb::ExecServerMessage {
-                msg: Some(Out::Exit(e)),
-            }) => bail!("pipe: {e:?}"),
-            Some(_) => {}
-            None => bail!("no exit"),
-        }
-    }
+    exited_ok(&mut out, "pipe").await?;
     Ok(bytes as f64 / 1e6 / t0.elapsed().as_secs_f64())
 }
 

@@ -454,7 +454,7 @@ async fn interactive(agent: bool) {
         &format!("agent = {agent}\ncancel_grace_secs = 2"),
     );
     let ch = d.local_channel().await;
-    let id = exec_only_sandbox_as_root(&ch).await;
+    let id = exec_only_sandbox(&ch, "x").await;
 
     // stdin_close: EOF reaches the process, and what it writes after still arrives.
     let mut x = open(
@@ -615,55 +615,6 @@ async fn interactive(agent: bool) {
     }
 }
 
-/// An exec-only RUNNING sandbox made as root on the socket (namespace `x`, environment `py`).
-async fn exec_only_sandbox_as_root(root: &Channel) -> String {
-    AccessServiceClient::new(root.clone())
-        .create_namespace(pb::CreateNamespaceRequest {
-            name: "x".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    EnvironmentServiceClient::new(root.clone())
-        .create_environment(pb::CreateEnvironmentRequest {
-            environment: Some(pb::Environment {
-                namespace: "x".into(),
-                name: "py".into(),
-                image: IMAGE.into(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap();
-    let mut s = SandboxServiceClient::new(root.clone());
-    let id = s
-        .create_sandbox(pb::CreateSandboxRequest {
-            namespace: "x".into(),
-            environment: "py".into(),
-            exec_only: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .sandbox_id;
-    let t0 = Instant::now();
-    loop {
-        let sb = s
-            .get_sandbox(pb::GetSandboxRequest {
-                sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if sb.state == pb::SandboxState::Running as i32 {
-            return id;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(90), "{sb:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn stdin_terminals_exits_and_cancel_through_the_agent() {
     need!();
@@ -719,7 +670,7 @@ async fn a_gibibyte_each_way_with_bounded_memory() {
     const BOUND: u64 = 96 << 20;
     let d = start("exec-gib", "");
     let ch = d.local_channel().await;
-    let id = exec_only_sandbox_as_root(&ch).await;
+    let id = exec_only_sandbox(&ch, "x").await;
     let base = rss(d.pid());
     let sampler = agent_sampler(&ch, &id).await;
 

@@ -13,62 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use computed::api::platform::v1 as pb;
-use pb::access_service_client::AccessServiceClient;
-use pb::environment_service_client::EnvironmentServiceClient;
-use pb::sandbox_service_client::SandboxServiceClient;
 use sha2::Digest;
-
-/// A RUNNING platform sandbox with no workload of its own (exec only), made as root on the
-/// node's socket (the platform admin there): namespace `shell`, environment `py`.
-async fn exec_only_sandbox(d: &Daemon) -> String {
-    let root = d.local_channel().await;
-    AccessServiceClient::new(root.clone())
-        .create_namespace(pb::CreateNamespaceRequest {
-            name: "shell".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    EnvironmentServiceClient::new(root.clone())
-        .create_environment(pb::CreateEnvironmentRequest {
-            environment: Some(pb::Environment {
-                namespace: "shell".into(),
-                name: "py".into(),
-                image: IMAGE.into(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap();
-    let mut s = SandboxServiceClient::new(root);
-    let id = s
-        .create_sandbox(pb::CreateSandboxRequest {
-            namespace: "shell".into(),
-            environment: "py".into(),
-            exec_only: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .sandbox_id;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let sb = s
-            .get_sandbox(pb::GetSandboxRequest {
-                sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if sb.state == pb::SandboxState::Running as i32 {
-            return id;
-        }
-        assert!(Instant::now() < deadline, "{id} never RUNNING: {sb:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn tmux(args: &[&str]) -> String {
     let o = Command::new("tmux").args(args).output().unwrap();
@@ -141,7 +86,7 @@ async fn shell_in_a_terminal() {
         return;
     }
     let d = start("shell-tty", "");
-    let id = exec_only_sandbox(&d).await;
+    let id = exec_only_sandbox(&d.local_channel().await, "shell").await;
     let dir = tempfile::tempdir().unwrap();
     let status = dir.path().join("status");
     let stty = dir.path().join("stty");
@@ -266,7 +211,7 @@ fn noise(n: usize) -> Vec<u8> {
 async fn stdin_without_a_terminal() {
     need!();
     let d = start("shell-pipe", "");
-    let id = exec_only_sandbox(&d).await;
+    let id = exec_only_sandbox(&d.local_channel().await, "shell").await;
     let data = noise(6 << 20);
     let digest = hex::encode(sha2::Sha256::digest(&data));
 

@@ -929,3 +929,55 @@ pub fn relay_token(d: &Daemon, id: &str, token: Option<&str>) -> String {
         .trim()
         .to_string()
 }
+
+/// A RUNNING platform sandbox with no workload of its own (exec only), made as root on the
+/// node's socket (`root`, the platform admin there) in a new namespace `ns`, environment `py`
+/// of the default image.
+pub async fn exec_only_sandbox(root: &Channel, ns: &str) -> String {
+    use computed::api::platform::v1 as ppb;
+    ppb::access_service_client::AccessServiceClient::new(root.clone())
+        .create_namespace(ppb::CreateNamespaceRequest {
+            name: ns.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
+        .create_environment(ppb::CreateEnvironmentRequest {
+            environment: Some(ppb::Environment {
+                namespace: ns.into(),
+                name: "py".into(),
+                image: IMAGE.into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let mut s = ppb::sandbox_service_client::SandboxServiceClient::new(root.clone());
+    let id = s
+        .create_sandbox(ppb::CreateSandboxRequest {
+            namespace: ns.into(),
+            environment: "py".into(),
+            exec_only: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let sb = s
+            .get_sandbox(ppb::GetSandboxRequest {
+                sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if sb.state == ppb::SandboxState::Running as i32 {
+            return id;
+        }
+        assert!(Instant::now() < deadline, "{id} never RUNNING: {sb:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
