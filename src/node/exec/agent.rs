@@ -67,7 +67,11 @@ impl AgentExec {
             .map(|t| t.as_secs())
             .filter(|t| *t > 0)
             // No timeout of its own: the agent's backstop is the lifecycle's.
-            .unwrap_or(if req.uncapped { 30 * 24 * 3600 } else { cap });
+            .unwrap_or(if req.uncapped {
+                super::UNCAPPED_TIMEOUT.as_secs()
+            } else {
+                cap
+            });
         // A workload lives as long as its sandbox may: no exec cap on the agent's backstop.
         let cap = if uncapped { u64::MAX } else { cap };
         Some(Self {

@@ -136,6 +136,10 @@ pub struct Completed {
 /// rather than a failure deep in the runtime.
 pub const MAX_ARGV_ENV_BYTES: usize = 1 << 20;
 
+/// The timeout of an uncapped exec that names none: longer than any sandbox lives in
+/// practice (the sandbox's end ends the exec first).
+pub const UNCAPPED_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// How many events an exec's stream buffers before it waits for the client.
 const STREAM_BUFFER: usize = 64;
 
@@ -271,7 +275,7 @@ impl Node {
             timeout: match (req.workload.is_some() || req.uncapped, req.timeout) {
                 (true, Some(t)) if !t.is_zero() => t,
                 // No timeout of its own: a day at a time would do, the sandbox's end ends it.
-                (true, _) if req.uncapped => Duration::from_secs(30 * 24 * 3600),
+                (true, _) if req.uncapped => UNCAPPED_TIMEOUT,
                 _ => Bounds::clamp_timeout(
                     req.timeout,
                     Duration::from_secs(cfg.exec_timeout_cap_secs),
