@@ -58,7 +58,11 @@ impl From<Status> for pb::SandboxStatus {
     fn from(s: Status) -> Self {
         match s {
             Status::Starting => pb::SandboxStatus::Starting,
-            Status::Ready => pb::SandboxStatus::Ready,
+            // compute.v1 has no suspended state: a suspended sandbox resumes transparently
+            // on its next exec or file call, so it is READY to its callers.
+            Status::Ready | Status::Suspending | Status::Suspended | Status::Resuming => {
+                pb::SandboxStatus::Ready
+            }
             Status::Failed => pb::SandboxStatus::Failed,
             Status::Destroyed => pb::SandboxStatus::Destroyed,
         }

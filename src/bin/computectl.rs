@@ -44,6 +44,18 @@ enum Cmd {
     },
     /// Live CPU and memory per sandbox.
     Top(TopArgs),
+    /// Suspend sandboxes with their memory (checkpointed to the node's disk).
+    Suspend {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Resume suspended sandboxes (restored with their memory, else started afresh).
+    Resume {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Destroy sandboxes (workspaces go to the trash).
     Destroy {
         /// Sandbox ids.
@@ -143,6 +155,8 @@ fn main() -> ExitCode {
             Cmd::Cp { src, dst } => cli::cp::run(&t, &src, &dst).await.map(|_| 0),
             Cmd::Top(a) => cli::top::run(&t, a).await.map(|_| 0),
             Cmd::Destroy { ids } => cli::destroy::run(&t, &ids).await.map(|_| 0),
+            Cmd::Suspend { ids } => cli::suspend::run(&t, &ids, false).await.map(|_| 0),
+            Cmd::Resume { ids } => cli::suspend::run(&t, &ids, true).await.map(|_| 0),
             Cmd::Gc { dry_run } => cli::gc::run(&t, dry_run).await.map(|_| 0),
             Cmd::Trash { cmd } => cli::trash::run(&t, cmd).await.map(|_| 0),
             Cmd::Image { cmd } => cli::image::run(&t, cmd).await.map(|_| 0),

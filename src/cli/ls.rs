@@ -9,7 +9,8 @@ use crate::api::admin::v1 as pb;
     after_help = "Examples:\n  computectl ls\n  computectl ls --status READY --tenant acme -o wide\n  computectl ls -o json | jq '.[].sandbox_id'"
 )]
 pub struct LsArgs {
-    /// Only sandboxes in this status (STARTING, READY, FAILED, DESTROYED); repeatable.
+    /// Only sandboxes in this status (STARTING, READY, SUSPENDING, SUSPENDED, RESUMING,
+    /// FAILED, DESTROYED); repeatable.
     #[arg(long)]
     pub status: Vec<String>,
     /// Only this tenant's sandboxes.
@@ -31,6 +32,10 @@ pub fn summary_json(s: &pb::SandboxSummary) -> serde_json::Value {
         "workspace": {"storage_class": s.storage_class, "size": s.workspace_size, "mount_path": s.mount_path},
         "usage": usage_json(s.usage.as_ref()),
         "pool": s.pool,
+        "checkpoint_bytes": s.checkpoint_bytes,
+        "checkpoint_memory": s.checkpoint_memory,
+        "suspended_at": s.suspended_at.as_ref().map(|t| rfc3339(Some(t))),
+        "idle_suspend_at": s.idle_suspend_at.as_ref().map(|t| rfc3339(Some(t))),
     })
 }
 
@@ -48,7 +53,15 @@ pub async fn run(t: &Target, a: LsArgs) -> anyhow::Result<()> {
         .sandboxes;
     let wide = t.output == Output::Wide;
     let mut header = vec![
-        "ID", "TENANT", "SESSION", "STATUS", "AGE", "CPU", "MEM", "DISK",
+        "ID",
+        "TENANT",
+        "SESSION",
+        "STATUS",
+        "AGE",
+        "CPU",
+        "MEM",
+        "DISK",
+        "CHECKPOINT",
     ];
     if wide {
         header.extend(["IMAGE", "CPU-LIMIT", "MEM-LIMIT", "WORKSPACE", "REASON"]);
@@ -68,6 +81,11 @@ pub async fn run(t: &Target, a: LsArgs) -> anyhow::Result<()> {
             format!("{}ms", u.cpu_ms),
             human_bytes(u.memory_peak_bytes),
             human_bytes(u.disk_read_bytes + u.disk_write_bytes),
+            match (s.suspended_at.is_some(), s.checkpoint_memory) {
+                (false, _) => String::new(),
+                (true, true) => human_bytes(s.checkpoint_bytes),
+                (true, false) => "memory lost".into(),
+            },
         ];
         if wide {
             r.extend([

@@ -12,6 +12,7 @@ pub mod ls;
 pub mod platform;
 pub mod relay;
 pub mod shell;
+pub mod suspend;
 pub mod top;
 pub mod trash;
 

@@ -36,6 +36,11 @@ fn flag(v: &str) -> bool {
     matches!(v, "1" | "true" | "yes")
 }
 
+fn idle_suspend(c: &mut Config, v: String) -> Result<(), String> {
+    c.idle_suspend_secs = v.parse().map_err(|e| format!("{v:?}: {e}"))?;
+    Ok(())
+}
+
 fn workspace_size(c: &mut Config, v: String) -> Result<(), String> {
     c.workspace_size = ByteSize::parse(&v).map_err(|e| e.to_string())?;
     Ok(())
@@ -63,6 +68,7 @@ pub const ENV: &[EnvVar] = &[
     EnvVar::new("SANDBOX_IMAGE", false, Set::Plain(|c, v| c.sandbox_image = v)),
     EnvVar::new("PVC_STORAGE_CLASS", false, Set::Plain(|c, v| c.storage_class = v)),
     EnvVar::new("PVC_WORKSPACE_SIZE", false, Set::Parsed(workspace_size)),
+    EnvVar::new("COMPUTE_IDLE_SUSPEND_SECS", false, Set::Parsed(idle_suspend)),
     EnvVar::new("COMPUTE_AGENT", false, Set::Plain(|c, v| c.agent = flag(&v))),
     EnvVar::new("COMPUTE_AGENT_BINARY", false, Set::Plain(|c, v| c.agent_binary = v.into())),
     // `IMAGE=N[,IMAGE=N...]` replaces the file's pool; an empty value turns it off.

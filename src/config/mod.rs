@@ -116,6 +116,12 @@ pub struct Config {
     pub usage_persist_secs: u64,
     /// How long a destroyed sandbox's workspace is kept, in seconds.
     pub workspace_grace_secs: u64,
+    /// compute.v1 sandboxes idle this long (no exec, no file call) are suspended with their
+    /// memory and resumed transparently by their next call, in seconds (0: never;
+    /// `COMPUTE_IDLE_SUSPEND_SECS`). Platform sandboxes use their own `idle_suspend_sec`.
+    pub idle_suspend_secs: u64,
+    /// How often the idle-suspend loop looks at the sandboxes, in milliseconds.
+    pub idle_check_ms: u64,
     /// Most bytes of a platform sandbox's run log kept on the node's disk (its oldest
     /// output goes first); `64Mi` by default.
     pub run_log_retention: ByteSize,
@@ -266,6 +272,8 @@ impl Default for Config {
             meter_interval_ms: 5000,
             usage_persist_secs: 30,
             workspace_grace_secs: 24 * 3600,
+            idle_suspend_secs: 0,
+            idle_check_ms: 1000,
             run_log_retention: ByteSize::parse("64Mi").expect("a size"),
             platform_peer_secret: PathBuf::new(),
             cgroup_root: "/sys/fs/cgroup".into(),

@@ -40,9 +40,10 @@ pub struct Persisted {
     /// Likewise for writes.
     pub disk_write: u64,
     /// The cgroup's CPU counter when usage started (non-zero for a claimed warm-pool member,
-    /// whose cgroup ran before its tenant got it).
+    /// whose cgroup ran before its tenant got it; negative after a resume, whose new cgroup
+    /// counts from zero again).
     #[serde(default)]
-    pub cpu_base: u64,
+    pub cpu_base: i64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -241,7 +242,7 @@ impl Meter {
         let last = st.last;
         let p = &mut st.persisted;
         if let Some(raw) = last {
-            p.cpu_ns = p.cpu_ns.max(raw.cpu_ns.saturating_sub(p.cpu_base));
+            p.cpu_ns = p.cpu_ns.max((raw.cpu_ns as i64 - p.cpu_base).max(0) as u64);
             let add = |base: i64, v: u64| (base + v as i64).max(0) as u64;
             p.disk_read = p.disk_read.max(add(p.disk_read_base, raw.read));
             p.disk_write = p.disk_write.max(add(p.disk_write_base, raw.write));
@@ -287,7 +288,7 @@ impl Meter {
         let raw = self.read_raw();
         let mut st = self.lock();
         st.persisted = Persisted {
-            cpu_base: raw.map_or(0, |r| r.cpu_ns),
+            cpu_base: raw.map_or(0, |r| r.cpu_ns as i64),
             // Same device: its counters now are the zero point.
             disk_read_base: -(raw.map_or(0, |r| r.read) as i64),
             disk_write_base: -(raw.map_or(0, |r| r.write) as i64),
@@ -295,6 +296,34 @@ impl Meter {
         };
         st.lifetime_mem = None;
         st.last = raw;
+    }
+
+    /// The sandbox is being suspended: takes the last reading of its cgroup (the caller
+    /// flushed the workspace first) and closes the lifetime memory window, so that nothing
+    /// is counted while it holds no memory. Returns the state to persist.
+    pub fn suspend(&self) -> Persisted {
+        let p = self.persisted();
+        let mut st = self.lock();
+        st.persisted = p;
+        st.lifetime_mem = None;
+        st.last = None;
+        p
+    }
+
+    /// The sandbox runs again in a new cgroup after `away` suspended: its CPU counter starts
+    /// over, so the lifetime figure continues from what was banked; the time away counts in
+    /// the lifetime memory average as time holding nothing.
+    pub fn resumed(&self, away: std::time::Duration) {
+        let raw = self.read_raw();
+        let mut st = self.lock();
+        let cpu_now = raw.map_or(0, |r| r.cpu_ns) as i64;
+        st.persisted.cpu_base = cpu_now - st.persisted.cpu_ns as i64;
+        st.persisted.span_us += away.as_micros();
+        st.lifetime_mem = None;
+        st.last = None;
+        if let Some(raw) = raw {
+            self.account(&mut st, raw);
+        }
     }
 
     /// Flushes the workspace and its extra mounts to their devices (so that the writes so far

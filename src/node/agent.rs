@@ -44,23 +44,40 @@ impl Node {
     /// Makes the agent's FIFOs and starts their holder; returns (stdin, stdout) paths for the
     /// task.
     pub(super) async fn prepare_agent_io(&self, id: &str) -> Result<(String, String)> {
+        self.agent_io(id, true).await
+    }
+
+    /// The agent's FIFOs for a task restored from a checkpoint: the same ones (the agent
+    /// inside reopens them by path), with their holder started again if it has gone (it leaves
+    /// a minute after the daemon let go of them, e.g. over a long restart), so the restored
+    /// agent never reads end-of-file.
+    pub(super) async fn restore_agent_io(&self, id: &str) -> Result<(String, String)> {
+        let fresh = !self.agent_io_exists(id);
+        self.agent_io(id, fresh).await
+    }
+
+    async fn agent_io(&self, id: &str, fresh: bool) -> Result<(String, String)> {
         let dir = self.agent_dir(id);
         let holder_exe =
             std::env::current_exe().map_err(|e| Error::Internal(format!("current exe: {e}")))?;
         blocking(move || -> std::io::Result<(String, String)> {
             use std::os::unix::process::CommandExt;
-            fresh_fifos(&dir)?;
+            if fresh {
+                fresh_fifos(&dir)?;
+            }
             let input = dir.join("in");
-            let holder = std::process::Command::new(holder_exe)
-                .arg("fifo-hold")
-                .arg(&input)
-                .arg(dir.join("out"))
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .process_group(0)
-                .spawn()?;
-            std::fs::write(dir.join("holder.pid"), holder.id().to_string())?;
+            if fresh || !holder_alive(&dir) {
+                let holder = std::process::Command::new(holder_exe)
+                    .arg("fifo-hold")
+                    .arg(&input)
+                    .arg(dir.join("out"))
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .process_group(0)
+                    .spawn()?;
+                std::fs::write(dir.join("holder.pid"), holder.id().to_string())?;
+            }
             Ok((
                 input.display().to_string(),
                 dir.join("out").display().to_string(),
@@ -79,12 +96,45 @@ impl Node {
     /// restart) the worker is registered at once; otherwise on the agent's Hello.
     pub(super) fn spawn_agent_link(&self, sb: Arc<Sandbox>, reattach: bool) {
         let node = self.clone();
+        let stop = Arc::new(tokio_util::sync::CancellationToken::new());
+        if let Some(old) = self.links().insert(sb.id.clone(), stop.clone()) {
+            old.cancel();
+        }
         self.inner.tasks.spawn(async move {
-            if let Err(e) = node.agent_link(&sb, reattach).await {
+            if let Err(e) = node.agent_link(&sb, reattach, &stop).await {
                 warn!(sandbox_id = %sb.id, error = %e, "agent link ended");
             }
             node.due_map().remove(&sb.id);
+            let mut links = node.links();
+            if links.get(&sb.id).is_some_and(|t| Arc::ptr_eq(t, &stop)) {
+                links.remove(&sb.id);
+            }
         });
+    }
+
+    /// Whether the sandbox's agent link is up (its FIFOs are read).
+    pub(super) fn has_agent_link(&self, id: &str) -> bool {
+        self.links().contains_key(id)
+    }
+
+    /// Ends the sandbox's agent link (its worker detached: execs through it end) before its
+    /// agent is replaced by a new one (a cold start of a suspended sandbox).
+    pub(super) fn stop_agent_link(&self, id: &str) {
+        if let Some(t) = self.links().remove(id) {
+            t.cancel();
+        }
+        if let Some(w) = self.relay().agent(id) {
+            self.relay().detach(&w, "sandbox restarted");
+        }
+    }
+
+    fn links(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, super::LinkStop>> {
+        self.inner
+            .agent_links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks the agent of a sandbox about to be READY as due (before READY is published, so
@@ -117,7 +167,12 @@ impl Node {
         }
     }
 
-    async fn agent_link(&self, sb: &Arc<Sandbox>, reattach: bool) -> std::io::Result<()> {
+    async fn agent_link(
+        &self,
+        sb: &Arc<Sandbox>,
+        reattach: bool,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> std::io::Result<()> {
         use tokio::net::unix::pipe::OpenOptions;
         let dir = self.agent_dir(&sb.id);
         let mut from_agent = OpenOptions::new()
@@ -230,6 +285,12 @@ impl Node {
                         }
                     }
                 }
+                _ = stop.cancelled() => {
+                    if let Some(w) = &worker {
+                        relay.detach(w, "sandbox restarted");
+                    }
+                    return Ok(());
+                }
                 c = states.changed() => {
                     let gone = c.is_err() || states.borrow().status.has_ended();
                     if gone {
@@ -273,6 +334,19 @@ fn fresh_fifos(dir: &std::path::Path) -> std::io::Result<()> {
         nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
     }
     Ok(())
+}
+
+/// Whether the FIFO holder recorded in `dir` still runs. Blocking.
+fn holder_alive(dir: &std::path::Path) -> bool {
+    let Some(pid) = std::fs::read_to_string(dir.join("holder.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    else {
+        return false;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    cmdline.contains("fifo-hold") && cmdline.contains(&*dir.join("in").to_string_lossy())
 }
 
 /// Kills the FIFO holder recorded in `dir`, if that pid is still a holder of these FIFOs (a

@@ -177,7 +177,7 @@ enum Admission {
 }
 
 impl Node {
-    fn draining(&self) -> Result<()> {
+    pub(super) fn draining(&self) -> Result<()> {
         if self.config().draining {
             return Err(Error::Unavailable(
                 "node is draining: it takes no new sandboxes".into(),

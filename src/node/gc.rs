@@ -95,14 +95,59 @@ pub fn pass(state_dir: &Path, now: SystemTime, dry_run: bool) -> Vec<Freed> {
     freed
 }
 
+/// The checkpoints under `dir` whose sandbox is not in `owned`, removed unless `dry_run`.
+/// Blocking.
+fn stray_checkpoints(
+    dir: &Path,
+    owned: &std::collections::HashSet<String>,
+    dry_run: bool,
+) -> Vec<Freed> {
+    let mut freed = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return freed;
+    };
+    for e in rd.flatten() {
+        let id = e.file_name().to_string_lossy().into_owned();
+        if owned.contains(&id) {
+            continue;
+        }
+        let bytes = disk_usage(&e.path());
+        if !dry_run {
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                warn!(sandbox_id = %id, error = %err, "could not remove a stray checkpoint");
+                continue;
+            }
+            info!(sandbox_id = %id, bytes, "GC removed a checkpoint no sandbox owns");
+        }
+        freed.push(Freed {
+            id,
+            tenant_id: "(checkpoint)".into(),
+            delete_after: String::new(),
+            bytes,
+        });
+    }
+    freed
+}
+
 impl Node {
-    /// One GC pass; forgets the freed sandboxes (Describe then answers NOT_FOUND).
+    /// One GC pass; forgets the freed sandboxes (Describe then answers NOT_FOUND). It also
+    /// removes checkpoints no suspended sandbox owns (a destroy or delete cut short, a record
+    /// removed behind the daemon's back), reported with tenant `(checkpoint)`.
     pub async fn gc(&self, dry_run: bool) -> super::Result<Vec<Freed>> {
         let dir = self.inner.cfg.state_dir.clone();
-        let freed = super::blocking(move || pass(&dir, SystemTime::now(), dry_run)).await?;
+        let mut freed = super::blocking(move || pass(&dir, SystemTime::now(), dry_run)).await?;
+        let owned: std::collections::HashSet<String> = self
+            .list()
+            .into_iter()
+            .filter(|sb| sb.status() != super::Status::Destroyed)
+            .map(|sb| sb.id.clone())
+            .collect();
+        let dir = self.inner.cfg.state_dir.join("checkpoints");
+        let stray = super::blocking(move || stray_checkpoints(&dir, &owned, dry_run)).await?;
+        freed.extend(stray);
         if !dry_run {
             let mut t = self.table();
-            for f in &freed {
+            for f in freed.iter().filter(|f| f.tenant_id != "(checkpoint)") {
                 t.by_id.remove(&f.id);
             }
         }

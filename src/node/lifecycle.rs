@@ -357,22 +357,31 @@ impl Node {
         Leftovers {
             cgroup: self.cgroup(id),
             exec_dir: self.inner.cfg.run_dir.join("io").join(id),
+            checkpoint: self.checkpoint_dir(id),
         }
     }
 }
 
-/// The cgroup directories runsc may leave and the exec FIFO directory of a sandbox.
+/// The cgroup directories runsc may leave, the exec FIFO directory and the checkpoint of a
+/// sandbox.
 pub(super) struct Leftovers {
     cgroup: crate::metering::SandboxCgroup,
     exec_dir: std::path::PathBuf,
+    checkpoint: std::path::PathBuf,
 }
 
 impl Leftovers {
     /// Removes them (empty cgroup directories only). Blocking.
     pub(super) fn remove(&self) {
+        self.remove_cgroup();
+        let _ = std::fs::remove_dir_all(&self.exec_dir);
+        let _ = std::fs::remove_dir_all(&self.checkpoint);
+    }
+
+    /// Removes the sandbox's cgroup directories, if empty. Blocking.
+    pub(super) fn remove_cgroup(&self) {
         for d in self.cgroup.dirs() {
             let _ = std::fs::remove_dir(d);
         }
-        let _ = std::fs::remove_dir_all(&self.exec_dir);
     }
 }

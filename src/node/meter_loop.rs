@@ -77,7 +77,7 @@ impl Node {
         });
     }
 
-    async fn persist_usage(&self, sb: &Sandbox, p: &Persisted) {
+    pub(super) async fn persist_usage(&self, sb: &Sandbox, p: &Persisted) {
         if let Err(e) = self
             .inner
             .rt

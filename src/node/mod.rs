@@ -34,6 +34,7 @@ pub mod record;
 mod recover;
 pub mod runlog;
 pub mod sandbox;
+pub mod suspend;
 #[cfg(test)]
 mod tests;
 
@@ -64,12 +65,13 @@ struct Table {
 }
 
 impl Table {
-    /// The live sandbox of a tenant's session.
+    /// The sandbox of a tenant's session, unless it has ended (a suspended one is still the
+    /// session's).
     fn live_session(&self, key: &(String, String)) -> Option<Arc<Sandbox>> {
         self.by_session
             .get(key)
             .and_then(|id| self.by_id.get(id))
-            .filter(|sb| sb.status().is_live())
+            .filter(|sb| !sb.status().has_ended())
             .cloned()
     }
 
@@ -98,11 +100,16 @@ struct Inner {
     /// Sandboxes just started with the agent as init whose Hello has not come yet: by when it
     /// is due (an exec in that window waits for it rather than paying for a containerd exec).
     agent_due: Mutex<HashMap<String, std::time::Instant>>,
+    /// The agent link of each sandbox: cancelled to end it.
+    agent_links: Mutex<HashMap<String, LinkStop>>,
     /// Pool members being warmed up (not warm yet).
     warming: Mutex<std::collections::HashSet<String>>,
     /// The platform API's sandboxes: run logs, workloads, deletions.
     platform: platform::State,
 }
+
+/// What ends one agent link.
+type LinkStop = Arc<tokio_util::sync::CancellationToken>;
 
 /// The node: sandboxes on this machine. Cheap to clone.
 #[derive(Clone)]
@@ -182,6 +189,7 @@ impl Node {
                     tasks,
                     exec_slots: Mutex::default(),
                     agent_due: Mutex::default(),
+                    agent_links: Mutex::default(),
                     warming: Mutex::default(),
                     platform: platform::State::default(),
                 }
@@ -193,6 +201,7 @@ impl Node {
     pub fn start_background(&self) {
         self.spawn_meter_loop();
         self.spawn_gc_loop();
+        self.spawn_idle_loop();
         // Pool members outlive the daemon: the next one's recovery finds them again.
         self.spawn_pool_loop();
     }
@@ -303,6 +312,8 @@ impl Node {
     /// FAILED, for post-mortems); DESTROYED is FAILED_PRECONDITION.
     pub async fn workspace(&self, id: &str) -> Result<(Arc<Sandbox>, workspace::Workspace)> {
         let sb = self.get(id)?;
+        self.wake(&sb).await?;
+        sb.touch();
         if !sb.status().has_workspace() {
             return Err(Error::FailedPrecondition {
                 id: sb.id.clone(),
@@ -322,8 +333,11 @@ impl Node {
         Ok((sb, ws))
     }
 
-    /// Waits until the sandbox is READY, or fails with the right error.
+    /// Waits until the sandbox is READY, or fails with the right error. A suspended
+    /// compute.v1 sandbox is resumed first; a suspended platform sandbox is
+    /// FAILED_PRECONDITION (its caller resumes it).
     pub async fn wait_ready(&self, sb: &Sandbox) -> Result<()> {
+        self.wake(sb).await?;
         let mut rx = sb.subscribe();
         let wait = async {
             loop {
@@ -331,7 +345,7 @@ impl Node {
                 if st.status.can_exec() {
                     return Ok(());
                 }
-                if st.status.has_ended() {
+                if st.status.has_ended() || (sb.platform.is_some() && st.status.is_suspended()) {
                     return Err(Error::FailedPrecondition {
                         id: sb.id.clone(),
                         state: st.describe(),

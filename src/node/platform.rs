@@ -255,7 +255,7 @@ impl Node {
 
     /// Appends a marker (or output) to a sandbox's run log; a failure is logged, not returned
     /// (the sandbox's life goes on without it).
-    async fn mark(&self, sb: &Sandbox, kind: Kind, data: String, code: i32) {
+    pub(super) async fn mark(&self, sb: &Sandbox, kind: Kind, data: String, code: i32) {
         let log = match self.run_log(&sb.id).await {
             Ok(l) => l,
             Err(e) => {
@@ -358,7 +358,7 @@ impl Node {
         let workload = match exited {
             Some(w) => w,
             None if started && !sb.platform.as_ref().is_some_and(|p| p.exec_only) => {
-                if sb.status().is_live() && self.adopt_workload(sb.clone()).await {
+                if !sb.status().has_ended() && self.adopt_workload(sb.clone()).await {
                     Workload::Running
                 } else {
                     Workload::Lost
@@ -392,12 +392,8 @@ impl Node {
                     Status::Failed => {
                         node.mark(&sb, Kind::Marker(Marker::Failed), st.reason.clone(), 0)
                             .await;
-                        // Only Destroyed may follow.
-                        if rx
-                            .wait_for(|s| s.status == Status::Destroyed)
-                            .await
-                            .is_err()
-                        {
+                        // Destroyed follows, or a Resume revives it.
+                        if rx.wait_for(|s| s.status != Status::Failed).await.is_err() {
                             return;
                         }
                         continue;
@@ -421,7 +417,7 @@ impl Node {
     /// Runs the workload (or, with exec_only, only marks the sandbox started) and writes its
     /// output and its end to the run log. The agent's request id of the workload is kept
     /// beside the log, so that a daemon after a restart takes its output up again.
-    async fn run_workload(&self, sb: Arc<Sandbox>) {
+    pub(super) async fn run_workload(&self, sb: Arc<Sandbox>) {
         let Some(spec) = sb.platform.clone() else {
             return;
         };

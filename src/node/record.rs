@@ -68,6 +68,41 @@ pub fn failure_labels(reason: &str) -> HashMap<String, String> {
     ])
 }
 
+/// What a suspension recorded: when, and what its checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Suspension {
+    /// When the sandbox was suspended.
+    pub at: SystemTime,
+    /// The checkpoint's size on disk (0 when it kept no memory).
+    pub checkpoint_bytes: u64,
+    /// Whether its memory was checkpointed (false: the next resume is a cold start).
+    pub memory: bool,
+}
+
+/// The labels of a sandbox moving through suspend and resume: `status` = `suspending`,
+/// `resuming` or `ready` (which recovery settles by the task's state, as a fresh record).
+pub fn status_labels(status: Status) -> HashMap<String, String> {
+    let word = match status {
+        Status::Suspending => "suspending",
+        Status::Resuming => "resuming",
+        Status::Suspended => "suspended",
+        _ => "ready",
+    };
+    HashMap::from([(label("status"), word.to_string())])
+}
+
+/// The labels of a SUSPENDED sandbox.
+pub fn suspended_labels(s: &Suspension) -> HashMap<String, String> {
+    let mut l = status_labels(Status::Suspended);
+    l.insert(
+        label("suspended-at"),
+        rfc3339(s.at, chrono::SecondsFormat::Millis),
+    );
+    l.insert(label("checkpoint-bytes"), s.checkpoint_bytes.to_string());
+    l.insert(label("checkpoint-memory"), s.memory.to_string());
+    l
+}
+
 /// The label that records a meter's state.
 pub fn usage_labels(p: &Persisted) -> HashMap<String, String> {
     HashMap::from([(label("usage"), serde_json::to_string(p).unwrap_or_default())])
@@ -79,8 +114,10 @@ pub fn usage_labels(p: &Persisted) -> HashMap<String, String> {
 pub struct Recorded {
     /// The sandbox.
     pub def: Definition,
-    /// STARTING, or FAILED.
+    /// STARTING, FAILED, or a step of suspend and resume.
     pub status: Status,
+    /// The last suspension, while suspended (or on the way in or out).
+    pub suspension: Option<Suspension>,
     /// The recorded failure.
     pub reason: String,
     /// The meter's state.
@@ -98,8 +135,20 @@ pub fn from_labels(id: &str, l: &HashMap<String, String>) -> Option<Recorded> {
     };
     let (status, reason) = match get("status").as_deref() {
         Some("failed") => (Status::Failed, get("reason").unwrap_or_default()),
+        Some("suspending") => (Status::Suspending, String::new()),
+        Some("suspended") => (Status::Suspended, String::new()),
+        Some("resuming") => (Status::Resuming, String::new()),
         _ => (Status::Starting, String::new()),
     };
+    let suspension = get("suspended-at")
+        .and_then(|t| parse_time(&t))
+        .map(|at| Suspension {
+            at,
+            checkpoint_bytes: get("checkpoint-bytes")
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(0),
+            memory: get("checkpoint-memory").as_deref() != Some("false"),
+        });
     // containerd drops labels with empty values: a pool member has no tenant or session.
     let pool = get("pool").as_deref() == Some("true");
     let owner = |k: &str| {
@@ -128,6 +177,7 @@ pub fn from_labels(id: &str, l: &HashMap<String, String>) -> Option<Recorded> {
         },
         status,
         reason,
+        suspension,
         usage: get("usage")
             .and_then(|u| serde_json::from_str(&u).ok())
             .unwrap_or_default(),

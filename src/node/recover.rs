@@ -41,10 +41,20 @@ impl Node {
                 continue;
             };
             let sb = Arc::new(self.sandbox(rec.def, State::new(rec.status, rec.reason), rec.usage));
+            if matches!(
+                rec.status,
+                Status::Suspending | Status::Suspended | Status::Resuming
+            ) {
+                sb.set_suspension(rec.suspension);
+            }
             self.reattach_volume(&sb).await?;
-            self.reap_orphaned_execs(&sb).await;
-            if sb.status() == Status::Starting {
-                self.settle_after_restart(&sb).await?;
+            if sb.status() != Status::Suspended {
+                self.reap_orphaned_execs(&sb).await;
+            }
+            match sb.status() {
+                Status::Starting => self.settle_after_restart(&sb).await?,
+                Status::Suspending | Status::Resuming => self.settle_suspension(&sb).await?,
+                _ => {}
             }
             {
                 let mut t = self.table();

@@ -18,6 +18,13 @@ pub enum Status {
     Starting,
     /// Running; execs proceed.
     Ready,
+    /// Being checkpointed with its memory (issue 19).
+    Suspending,
+    /// Checkpointed to the node's disk: no processes, memory or cgroup; its record,
+    /// workspace and session stay.
+    Suspended,
+    /// Being restored from its checkpoint (or cold-started from its record).
+    Resuming,
     /// Start failed, the sandbox died, or max_runtime passed.
     Failed,
     /// Destroyed; the workspace is in its soft-delete grace window.
@@ -26,9 +33,12 @@ pub enum Status {
 
 impl Status {
     /// Every status, in lifecycle order.
-    pub const ALL: [Status; 4] = [
+    pub const ALL: [Status; 7] = [
         Status::Starting,
         Status::Ready,
+        Status::Suspending,
+        Status::Suspended,
+        Status::Resuming,
         Status::Failed,
         Status::Destroyed,
     ];
@@ -38,6 +48,9 @@ impl Status {
         match self {
             Status::Starting => "STARTING",
             Status::Ready => "READY",
+            Status::Suspending => "SUSPENDING",
+            Status::Suspended => "SUSPENDED",
+            Status::Resuming => "RESUMING",
             Status::Failed => "FAILED",
             Status::Destroyed => "DESTROYED",
         }
@@ -50,14 +63,24 @@ impl Status {
             .find(|s| s.word().eq_ignore_ascii_case(word))
     }
 
-    /// STARTING or READY: it holds resources and counts toward the node's maximum.
+    /// STARTING, READY, SUSPENDING or RESUMING: it holds resources and counts toward the
+    /// node's maximum (a SUSPENDED one holds only disk).
     pub fn is_live(self) -> bool {
-        matches!(self, Status::Starting | Status::Ready)
+        matches!(
+            self,
+            Status::Starting | Status::Ready | Status::Suspending | Status::Resuming
+        )
     }
 
-    /// FAILED or DESTROYED: it runs nothing any more, and nothing brings it back.
+    /// FAILED or DESTROYED: it runs nothing any more, and only a platform Resume (of a
+    /// FAILED one) brings it back.
     pub fn has_ended(self) -> bool {
-        !self.is_live()
+        matches!(self, Status::Failed | Status::Destroyed)
+    }
+
+    /// SUSPENDING or SUSPENDED: its memory is (being) kept on disk.
+    pub fn is_suspended(self) -> bool {
+        matches!(self, Status::Suspending | Status::Suspended)
     }
 
     /// READY: execs run.
@@ -70,13 +93,13 @@ impl Status {
         self != Status::Destroyed
     }
 
-    /// Whether a sandbox in this status may move to `next`: DESTROYED is final, and FAILED is
-    /// never turned back into READY or STARTING.
+    /// Whether a sandbox in this status may move to `next`: DESTROYED is final, and FAILED
+    /// only becomes RESUMING (a platform Resume revives it), never READY or STARTING.
     pub fn may_become(self, next: Status) -> bool {
         match self {
             Status::Destroyed => false,
-            Status::Failed => matches!(next, Status::Failed | Status::Destroyed),
-            Status::Starting | Status::Ready => true,
+            Status::Failed => matches!(next, Status::Failed | Status::Destroyed | Status::Resuming),
+            _ => true,
         }
     }
 }
@@ -239,6 +262,8 @@ pub struct Sandbox {
     /// When it was last used (an exec started, its stdin or output moved): the clock an idle
     /// suspend reads. Milliseconds since the epoch.
     active: Arc<std::sync::atomic::AtomicU64>,
+    /// Its last suspension, while it is suspended (what `computectl ls` shows).
+    suspension: Arc<std::sync::Mutex<Option<super::record::Suspension>>>,
 }
 
 fn epoch_ms(t: SystemTime) -> u64 {
@@ -262,6 +287,7 @@ impl Sandbox {
             cancel,
             meter,
             active: Arc::new(epoch_ms(SystemTime::now()).into()),
+            suspension: Arc::default(),
         }
     }
 
@@ -275,6 +301,7 @@ impl Sandbox {
             cancel: self.cancel.clone(),
             meter: self.meter.clone(),
             active: self.active.clone(),
+            suspension: self.suspension.clone(),
         }
     }
 
@@ -290,6 +317,15 @@ impl Sandbox {
     pub fn last_active(&self) -> SystemTime {
         let ms = self.active.load(std::sync::atomic::Ordering::Relaxed);
         SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    /// Its last suspension while it is suspended (or resuming), None otherwise.
+    pub fn suspension(&self) -> Option<super::record::Suspension> {
+        *self.suspension.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn set_suspension(&self, s: Option<super::record::Suspension>) {
+        *self.suspension.lock().unwrap_or_else(|p| p.into_inner()) = s;
     }
 
     /// What the sandbox is made of.
@@ -375,6 +411,9 @@ mod tests {
         let table = [
             (Starting, "STARTING", true, false, false, true),
             (Ready, "READY", true, false, true, true),
+            (Suspending, "SUSPENDING", true, false, false, true),
+            (Suspended, "SUSPENDED", false, false, false, true),
+            (Resuming, "RESUMING", true, false, false, true),
             (Failed, "FAILED", false, true, false, true),
             (Destroyed, "DESTROYED", false, true, false, false),
         ];
@@ -397,6 +436,10 @@ mod tests {
             (Destroyed, Ready, false),
             (Destroyed, Failed, false),
             (Failed, Destroyed, true),
+            (Failed, Resuming, true),
+            (Suspended, Resuming, true),
+            (Resuming, Ready, true),
+            (Destroyed, Resuming, false),
         ] {
             assert_eq!(from.may_become(to), ok, "{from:?} -> {to:?}");
         }

@@ -67,6 +67,9 @@ pub fn state_of(s: NodeStatus) -> pb::SandboxState {
     match s {
         NodeStatus::Starting => pb::SandboxState::Pending,
         NodeStatus::Ready => pb::SandboxState::Running,
+        NodeStatus::Suspending => pb::SandboxState::Suspending,
+        NodeStatus::Suspended => pb::SandboxState::Suspended,
+        NodeStatus::Resuming => pb::SandboxState::Resuming,
         NodeStatus::Failed => pb::SandboxState::Failed,
         NodeStatus::Destroyed => pb::SandboxState::Terminated,
     }
@@ -889,6 +892,9 @@ mod tests {
             [
                 pb::SandboxState::Pending,
                 pb::SandboxState::Running,
+                pb::SandboxState::Suspending,
+                pb::SandboxState::Suspended,
+                pb::SandboxState::Resuming,
                 pb::SandboxState::Failed,
                 pb::SandboxState::Terminated
             ]

@@ -17,6 +17,21 @@ struct RuncOptions {
     binary_name: String,
     #[prost(string, tag = "7")]
     root: String,
+    /// Where a task created with these options restores from (empty: a fresh start).
+    #[prost(string, tag = "10")]
+    criu_image_path: String,
+}
+
+/// Checkpoint options of the runc v2 shim (`containerd.runc.v1.CheckpointOptions`), the
+/// fields we set.
+#[derive(Clone, PartialEq, Message)]
+struct RuncCheckpointOptions {
+    /// The task exits once checkpointed.
+    #[prost(bool, tag = "1")]
+    exit: bool,
+    /// Where the image goes (containerd then writes nothing to its content store).
+    #[prost(string, tag = "8")]
+    image_path: String,
 }
 
 /// Options of gVisor's shim (`runtimeoptions.v1.Options`).
@@ -44,6 +59,35 @@ pub struct RuntimeChoice {
     pub runsc: RunscInfo,
     /// The platform sandboxes run on (`runsc_platform`, else runsc's own default).
     pub platform: String,
+}
+
+impl RuntimeChoice {
+    /// The checkpoint options that put a memory checkpoint in `dir` and end the task, when
+    /// this runtime can suspend through containerd (the runc v2 shim; gVisor's shim would go
+    /// through containerd's content store, which is not built).
+    pub fn checkpoint_options(&self, dir: &Path) -> Option<Any> {
+        (self.kind == RuntimeKind::RuncWrapper).then(|| Any {
+            type_url: "containerd.runc.v1.CheckpointOptions".into(),
+            value: RuncCheckpointOptions {
+                exit: true,
+                image_path: dir.display().to_string(),
+            }
+            .encode_to_vec(),
+        })
+    }
+
+    /// The task options that make a new task restore from the checkpoint in `dir`.
+    pub fn restore_options(&self, dir: &Path) -> Option<Any> {
+        if self.kind != RuntimeKind::RuncWrapper {
+            return None;
+        }
+        let mut o = RuncOptions::decode(self.options.value.as_slice()).ok()?;
+        o.criu_image_path = dir.display().to_string();
+        Some(Any {
+            type_url: self.options.type_url.clone(),
+            value: o.encode_to_vec(),
+        })
+    }
 }
 
 /// The platform for `runsc_platform` = `wanted` on `runsc`: empty is runsc's own default;
@@ -138,6 +182,7 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
             let opts = RuncOptions {
                 binary_name: wrapper.display().to_string(),
                 root: cfg.run_dir.join("runsc").display().to_string(),
+                criu_image_path: String::new(),
             };
             Ok(RuntimeChoice {
                 kind: RuntimeKind::RuncWrapper,

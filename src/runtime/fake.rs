@@ -36,6 +36,10 @@ pub enum Op {
     Kill,
     /// [`SandboxRuntime::teardown`].
     Teardown,
+    /// [`SandboxRuntime::checkpoint`].
+    Checkpoint,
+    /// [`SandboxRuntime::restore`].
+    Restore,
 }
 
 /// A sandbox record as the fake keeps it.
@@ -282,6 +286,31 @@ impl SandboxRuntime for FakeRuntime {
         self.enter(Op::Start, id).await?;
         if !self.lock().records.contains_key(id) {
             return Err(Self::not_found(id));
+        }
+        self.set_task(id, TaskState::Running);
+        Ok(())
+    }
+
+    async fn checkpoint(&self, id: &str, dir: &Path) -> Result<()> {
+        self.enter(Op::Checkpoint, id).await?;
+        if self.task(id) != TaskState::Running {
+            return Err(Self::not_found(id));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| super::Error::Io {
+            what: "fake checkpoint",
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        let _ = std::fs::write(dir.join("checkpoint.img"), b"fake");
+        self.lock().tasks.remove(id);
+        self.exits.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
+    async fn restore(&self, id: &str, _chain_id: &str, _: [&str; 3], dir: &Path) -> Result<()> {
+        self.enter(Op::Restore, id).await?;
+        if !dir.join("checkpoint.img").exists() {
+            return Err(super::Error::Unsupported("no checkpoint".into()));
         }
         self.set_task(id, TaskState::Running);
         Ok(())

@@ -176,6 +176,14 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// interrupted start is replaced.
     async fn start(&self, id: &str, chain_id: &str, stdio: [&str; 3]) -> Result<()>;
 
+    /// Checkpoints the sandbox with its memory into `dir` (its task ends) and deletes the
+    /// task; the record and its rootfs stay. `Unsupported` when this runtime cannot.
+    async fn checkpoint(&self, id: &str, dir: &Path) -> Result<()>;
+
+    /// Creates and starts the sandbox's task again from the checkpoint in `dir`, with the
+    /// given stdio FIFOs, on the rootfs the record kept.
+    async fn restore(&self, id: &str, chain_id: &str, stdio: [&str; 3], dir: &Path) -> Result<()>;
+
     /// The state of the sandbox's init task.
     async fn state(&self, id: &str) -> Result<TaskState>;
 
@@ -253,6 +261,50 @@ impl Runtime {
             choice,
             images,
         }
+    }
+
+    /// Prepares (or reuses) the rootfs and creates and starts the init task with `options`
+    /// (None: the container's own; a restore's carry the checkpoint).
+    async fn create_and_start(
+        &self,
+        id: &str,
+        chain_id: &str,
+        stdio: [&str; 3],
+        options: Option<prost_types::Any>,
+    ) -> Result<()> {
+        // A retry after a crash finds the snapshot already prepared: reuse its mounts.
+        let mounts = match self.ctr.prepare_snapshot(id, chain_id, None).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => self.ctr.snapshot_mounts(id).await?,
+            Err(e) => return Err(e.into()),
+        };
+        // A task left from an interrupted start is removed first. A Tasks.Create that a daemon
+        // crash cut short may still be under way in containerd: its bundle directory exists
+        // before its task does, and a second Create finds it busy. Wait for the first one to
+        // end, then retry.
+        let mut attempts = 0;
+        loop {
+            self.remove_task(id).await?;
+            match self
+                .ctr
+                .create_task_with(id, mounts.clone(), stdio, options.clone())
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if attempts < 40 && e.kind() == ErrorKind::BundleBusy => {
+                    attempts += 1;
+                    tracing::debug!(sandbox_id = %id, error = %e, "task bundle still there; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Err(e) = self.ctr.start(id, "").await {
+            let _ = self.ctr.kill(id, "", 9, true).await;
+            let _ = self.ctr.delete_task(id, DELETE_TIMEOUT).await;
+            return Err(e.into());
+        }
+        Ok(())
     }
 
     /// Kills a task that is not stopped, waits for it (bounded) and deletes it.
@@ -342,35 +394,31 @@ impl SandboxRuntime for Runtime {
     }
 
     async fn start(&self, id: &str, chain_id: &str, stdio: [&str; 3]) -> Result<()> {
-        // A retry after a crash finds the snapshot already prepared: reuse its mounts.
-        let mounts = match self.ctr.prepare_snapshot(id, chain_id, None).await {
-            Ok(m) => m,
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => self.ctr.snapshot_mounts(id).await?,
-            Err(e) => return Err(e.into()),
+        self.create_and_start(id, chain_id, stdio, None).await
+    }
+
+    async fn checkpoint(&self, id: &str, dir: &Path) -> Result<()> {
+        let Some(options) = self.choice.checkpoint_options(dir) else {
+            return Err(Error::Unsupported(format!(
+                "the {} runtime cannot checkpoint through containerd",
+                self.choice.name
+            )));
         };
-        // A task left from an interrupted start is removed first. A Tasks.Create that a daemon
-        // crash cut short may still be under way in containerd: its bundle directory exists
-        // before its task does, and a second Create finds it busy. Wait for the first one to
-        // end, then retry.
-        let mut attempts = 0;
-        loop {
-            self.remove_task(id).await?;
-            match self.ctr.create_task(id, mounts.clone(), stdio).await {
-                Ok(_) => break,
-                Err(e) if attempts < 40 && e.kind() == ErrorKind::BundleBusy => {
-                    attempts += 1;
-                    tracing::debug!(sandbox_id = %id, error = %e, "task bundle still there; retrying");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if let Err(e) = self.ctr.start(id, "").await {
-            let _ = self.ctr.kill(id, "", 9, true).await;
-            let _ = self.ctr.delete_task(id, DELETE_TIMEOUT).await;
-            return Err(e.into());
-        }
-        Ok(())
+        self.ctr.checkpoint_task(id, options).await?;
+        // The checkpoint ends the sandbox: wait for its exit (bounded), then delete the task.
+        let _ = tokio::time::timeout(DELETE_TIMEOUT, self.ctr.wait(id, "")).await;
+        self.remove_task(id).await
+    }
+
+    async fn restore(&self, id: &str, chain_id: &str, stdio: [&str; 3], dir: &Path) -> Result<()> {
+        let Some(options) = self.choice.restore_options(dir) else {
+            return Err(Error::Unsupported(format!(
+                "the {} runtime cannot restore through containerd",
+                self.choice.name
+            )));
+        };
+        self.create_and_start(id, chain_id, stdio, Some(options))
+            .await
     }
 
     async fn state(&self, id: &str) -> Result<TaskState> {

@@ -169,8 +169,14 @@ pub fn wrapper_script(runsc: &Path, flags: &[String]) -> String {
         .iter()
         .map(|f| format!("'{}'", f.replace('\'', "'\\''")))
         .collect();
+    // runc's shim passes runc's own checkpoint and restore flags, which runsc does not know:
+    // `--work-path DIR` (CRIU's work directory) and `-no-subreaper`. They are dropped.
     format!(
-        "#!/bin/sh\n# Written by computed: runsc for containerd's runc v2 shim.\nexec '{}' {} \"$@\"\n",
+        "#!/bin/sh\n# Written by computed: runsc for containerd's runc v2 shim.\n\
+         skip=\nfor a do\n  shift\n  if [ -n \"$skip\" ]; then skip=; continue; fi\n  \
+         case $a in\n    --work-path|-work-path) skip=1; continue ;;\n    \
+         --work-path=*|-work-path=*|-no-subreaper|--no-subreaper) continue ;;\n  esac\n  \
+         set -- \"$@\" \"$a\"\ndone\nexec '{}' {} \"$@\"\n",
         runsc.display().to_string().replace('\'', "'\\''"),
         quoted.join(" ")
     )

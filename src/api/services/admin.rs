@@ -66,26 +66,71 @@ impl AdminService {
             if !req.tenant_id.is_empty() && req.tenant_id != sb.tenant_id {
                 continue;
             }
-            let usage = self.node.usage(&sb).await;
-            out.push(pb::SandboxSummary {
-                sandbox_id: sb.id.clone(),
-                tenant_id: sb.tenant_id.clone(),
-                session_id: sb.session_id.clone(),
-                status: word.to_string(),
-                failure_reason: st.reason,
-                image: sb.image.clone(),
-                created_at: Some(convert::timestamp(sb.created_at)),
-                cpu_millis: sb.limits.cpu_millis,
-                memory_bytes: sb.limits.memory_bytes,
-                max_runtime_secs: sb.limits.max_runtime.as_secs(),
-                storage_class: sb.workspace.storage_class.clone(),
-                workspace_size: sb.workspace.size.to_string(),
-                mount_path: sb.workspace.mount_path.clone(),
-                usage: Some(usage.into()),
-                pool: sb.pool,
-            });
+            out.push(self.summary(&sb).await);
         }
         Ok(pb::ListSandboxesResponse { sandboxes: out })
+    }
+
+    async fn summary(&self, sb: &crate::node::Sandbox) -> pb::SandboxSummary {
+        let st = sb.state();
+        let usage = self.node.usage(sb).await;
+        let suspension = sb.suspension();
+        pb::SandboxSummary {
+            sandbox_id: sb.id.clone(),
+            tenant_id: sb.tenant_id.clone(),
+            session_id: sb.session_id.clone(),
+            status: st.status.word().to_string(),
+            failure_reason: st.reason,
+            image: sb.image.clone(),
+            created_at: Some(convert::timestamp(sb.created_at)),
+            cpu_millis: sb.limits.cpu_millis,
+            memory_bytes: sb.limits.memory_bytes,
+            max_runtime_secs: sb.limits.max_runtime.as_secs(),
+            storage_class: sb.workspace.storage_class.clone(),
+            workspace_size: sb.workspace.size.to_string(),
+            mount_path: sb.workspace.mount_path.clone(),
+            usage: Some(usage.into()),
+            pool: sb.pool,
+            checkpoint_bytes: suspension.map_or(0, |s| s.checkpoint_bytes),
+            suspended_at: suspension.map(|s| convert::timestamp(s.at)),
+            checkpoint_memory: suspension.is_some_and(|s| s.memory),
+            idle_suspend_at: (st.status == crate::node::sandbox::Status::Ready)
+                .then(|| self.node.idle_suspend_at(sb))
+                .flatten()
+                .map(convert::timestamp),
+        }
+    }
+
+    async fn suspend_sandbox(
+        &self,
+        req: pb::SuspendSandboxRequest,
+    ) -> Result<pb::SuspendResumeResponse, Error> {
+        let id = parse_id(&req.sandbox_id)?;
+        info!(sandbox_id = %id, "operator suspend");
+        let sb = self
+            .node
+            .suspend(&id, crate::node::suspend::Cause::Request)
+            .await?;
+        Ok(pb::SuspendResumeResponse {
+            sandbox: Some(self.summary(&sb).await),
+            memory_lost: String::new(),
+        })
+    }
+
+    async fn resume_sandbox(
+        &self,
+        req: pb::ResumeSandboxRequest,
+    ) -> Result<pb::SuspendResumeResponse, Error> {
+        let id = parse_id(&req.sandbox_id)?;
+        info!(sandbox_id = %id, "operator resume");
+        let (sb, how) = self.node.resume(&id).await?;
+        Ok(pb::SuspendResumeResponse {
+            sandbox: Some(self.summary(&sb).await),
+            memory_lost: match how {
+                crate::node::suspend::Resumed::Cold(why) => why,
+                _ => String::new(),
+            },
+        })
     }
 
     async fn get_node(&self, _req: pb::GetNodeRequest) -> Result<pb::GetNodeResponse, Error> {
@@ -133,6 +178,8 @@ impl AdminService {
             containerd_version,
             cgroup_version: format!("{:?}", self.node.cgroup_version()).to_lowercase(),
             state_dir: cfg.state_dir.display().to_string(),
+            suspend_unsupported: self.node.suspend_unsupported().unwrap_or_default(),
+            idle_suspend_secs: cfg.idle_suspend_secs,
             state_dir_free_bytes: free,
             runtime_kind: format!("{:?}", rt.choice().kind),
         })
@@ -379,6 +426,8 @@ super::rpcs! {
         }
         list_sandboxes(pb::ListSandboxesRequest) -> pb::ListSandboxesResponse = list_sandboxes;
         get_node(pb::GetNodeRequest) -> pb::GetNodeResponse = get_node;
+        suspend_sandbox(pb::SuspendSandboxRequest) -> pb::SuspendResumeResponse = suspend_sandbox;
+        resume_sandbox(pb::ResumeSandboxRequest) -> pb::SuspendResumeResponse = resume_sandbox;
         list_trash(pb::ListTrashRequest) -> pb::ListTrashResponse = list_trash;
         read_trash(pb::ReadTrashRequest) -> pb::ReadTrashResponse = read_trash;
         gc(pb::GcRequest) -> pb::GcResponse = gc;

@@ -232,8 +232,10 @@ impl Node {
         let span = tracing::Span::current();
         self.inner.tasks.spawn_graceful(move |shutdown| {
             async move {
-                node.run_exec(sb, req, input, tx, shutdown).await;
+                node.run_exec(sb.clone(), req, input, tx, shutdown).await;
                 drop(slot);
+                // Its end is use too: the idle clock starts from here.
+                sb.touch();
             }
             .instrument(span)
         });

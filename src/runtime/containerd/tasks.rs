@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
-    CloseIoRequest, CreateTaskRequest, DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest,
-    GetRequest, KillRequest, ResizePtyRequest, StartRequest, WaitRequest,
+    CheckpointTaskRequest, CloseIoRequest, CreateTaskRequest, DeleteProcessRequest,
+    DeleteTaskRequest, ExecProcessRequest, GetRequest, KillRequest, ResizePtyRequest, StartRequest,
+    WaitRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use containerd_client::types::Mount;
@@ -18,6 +19,18 @@ impl Containerd {
     /// Creates the task (the init process) of a container with the given rootfs mounts and
     /// stdio FIFO paths (stdin, stdout, stderr; empty = none).
     pub async fn create_task(&self, id: &str, rootfs: Vec<Mount>, stdio: [&str; 3]) -> Result<u32> {
+        self.create_task_with(id, rootfs, stdio, None).await
+    }
+
+    /// Like [`Containerd::create_task`], with the runtime's task options: a restore passes
+    /// runc's options with `criu_image_path`, so the shim's start restores from that directory.
+    pub async fn create_task_with(
+        &self,
+        id: &str,
+        rootfs: Vec<Mount>,
+        stdio: [&str; 3],
+        options: Option<Any>,
+    ) -> Result<u32> {
         let resp = TasksClient::new(self.channel.clone())
             .create(self.req(CreateTaskRequest {
                 container_id: id.into(),
@@ -27,12 +40,26 @@ impl Containerd {
                 stderr: stdio[2].into(),
                 terminal: false,
                 checkpoint: None,
-                options: None,
+                options,
                 runtime_path: String::new(),
             }))
             .await
             .map_err(call_err("Tasks.Create", id))?;
         Ok(resp.into_inner().pid)
+    }
+
+    /// Checkpoints the task with the runtime's checkpoint `options` (for runc's shim: an
+    /// image path and exit, so containerd writes nothing to its content store).
+    pub async fn checkpoint_task(&self, id: &str, options: Any) -> Result<()> {
+        TasksClient::new(self.channel.clone())
+            .checkpoint(self.req(CheckpointTaskRequest {
+                container_id: id.into(),
+                parent_checkpoint: String::new(),
+                options: Some(options),
+            }))
+            .await
+            .map_err(call_err("Tasks.Checkpoint", id))?;
+        Ok(())
     }
 
     /// Starts the task (`exec_id` empty) or one of its exec processes.
