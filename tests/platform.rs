@@ -391,6 +391,9 @@ const SERVED: &[&str] = &[
     "ListSandboxes",
     "WatchSandbox",
     "TailSandboxLogs",
+    "SuspendSandbox",
+    "ResumeSandbox",
+    "KeepSandboxAlive",
 ];
 
 /// The whole table over `tcp`, bootstrapped over `root` (root on a unix socket of the

@@ -62,6 +62,18 @@ pub enum Backend {
     Cluster(Arc<dyn Cluster>),
 }
 
+/// FAILED_PRECONDITION for a compute.v1 sandbox: the platform shows it read-only.
+fn read_only(sb: &Sandbox) -> std::result::Result<(), Error> {
+    if sb.platform.is_none() {
+        return Err(node::Error::FailedPrecondition {
+            id: sb.id.clone(),
+            state: "a compute.v1 sandbox (read-only here: compute.v1 suspends it when idle)".into(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// The gRPC state of a node sandbox.
 pub fn state_of(s: NodeStatus) -> pb::SandboxState {
     match s {
@@ -155,10 +167,10 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
                 .map_or(st.since, |w| w.max(st.since))
                 .max(sb.created_at),
         )),
-        // The idle clock (an exec keeps it fresh); what suspends at it comes with issue 19.
-        idle_suspend_at: (spec.idle_suspend_sec > 0 && state == pb::SandboxState::Running).then(
-            || timestamp(sb.last_active() + Duration::from_secs(spec.idle_suspend_sec.into())),
-        ),
+        // The idle clock (exec, file calls and keep-alives keep it fresh).
+        idle_suspend_at: (state == pb::SandboxState::Running)
+            .then(|| node.idle_suspend_at(sb).map(timestamp))
+            .flatten(),
         expires_at: max_lifetime.map(|d| timestamp(sb.created_at + d)),
     }
 }
@@ -480,6 +492,103 @@ impl Platform {
                 self.write_status(&p, method, "", &id, r)
                     .await
                     .map(Response::new)
+            }
+        }
+    }
+
+    /// SuspendSandbox: checkpoints a RUNNING platform sandbox with its memory (a SUSPENDED
+    /// one is returned as it is); a compute.v1 sandbox is read-only here.
+    pub(super) async fn suspend_sandbox_here(
+        &self,
+        req: Request<pb::SuspendSandboxRequest>,
+        method: &str,
+    ) -> Result<Response<pb::Sandbox>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (p, sb) = self.find(node, &req, method, &id).await?;
+                let ns = namespace_of(&sb).to_string();
+                let r = match read_only(&sb) {
+                    Err(e) => Err(e),
+                    Ok(()) => node
+                        .suspend(&sb.id, node::suspend::Cause::Request)
+                        .await
+                        .map(|sb| sandbox_pb(node, &sb))
+                        .map_err(Error::from),
+                };
+                self.write(&p, method, &ns, &id, r).await.map(Response::new)
+            }
+            Backend::Cluster(c) => {
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let r = cl.suspend_sandbox(q).await.map(|r| r.into_inner());
+                self.write_status(&p, method, "", &id, r)
+                    .await
+                    .map(Response::new)
+            }
+        }
+    }
+
+    /// ResumeSandbox: restores a SUSPENDED platform sandbox with its memory (or starts it
+    /// afresh from its record when the checkpoint cannot be restored), or revives a FAILED
+    /// one; returns it RUNNING. A RUNNING one is returned as it is.
+    pub(super) async fn resume_sandbox_here(
+        &self,
+        req: Request<pb::ResumeSandboxRequest>,
+        method: &str,
+    ) -> Result<Response<pb::Sandbox>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (p, sb) = self.find(node, &req, method, &id).await?;
+                let ns = namespace_of(&sb).to_string();
+                let r = match read_only(&sb) {
+                    Err(e) => Err(e),
+                    Ok(()) => node
+                        .resume(&sb.id)
+                        .await
+                        .map(|(sb, _)| sandbox_pb(node, &sb))
+                        .map_err(Error::from),
+                };
+                self.write(&p, method, &ns, &id, r).await.map(Response::new)
+            }
+            Backend::Cluster(c) => {
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let r = cl.resume_sandbox(q).await.map(|r| r.into_inner());
+                self.write_status(&p, method, "", &id, r)
+                    .await
+                    .map(Response::new)
+            }
+        }
+    }
+
+    /// KeepSandboxAlive: restarts the idle clock of a RUNNING sandbox (a read-level call).
+    pub(super) async fn keep_alive_here(
+        &self,
+        req: Request<pb::KeepSandboxAliveRequest>,
+        method: &str,
+    ) -> Result<Response<pb::KeepSandboxAliveResponse>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (_, sb) = self.find(node, &req, method, &id).await?;
+                let (_, at) = node.keep_alive(&sb.id).map_err(Error::from)?;
+                let in_sec = at.map_or(0, |at| {
+                    at.duration_since(SystemTime::now())
+                        .unwrap_or_default()
+                        .as_secs()
+                        .min(u64::from(u32::MAX)) as u32
+                });
+                Ok(Response::new(pb::KeepSandboxAliveResponse {
+                    idle_suspend_at: at.map(timestamp),
+                    idle_suspend_in_sec: in_sec,
+                }))
+            }
+            Backend::Cluster(c) => {
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                cl.keep_sandbox_alive(q).await
             }
         }
     }

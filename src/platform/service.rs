@@ -92,9 +92,6 @@ type Result<T> = std::result::Result<T, Error>;
 fn later(method: &str) -> String {
     let name = method.rsplit('/').next().unwrap_or(method);
     let what = match name {
-        "SuspendSandbox" | "ResumeSandbox" | "KeepSandboxAlive" => {
-            "suspend, resume and keep-alive (issue 19)"
-        }
         "GrantEgress" | "RevokeEgress" => "egress grants (issue 20)",
         "ExposeSandboxPort" | "UnexposeSandboxPort" => "preview URLs (issue 21)",
         _ => "durable workspaces (issue 22)",
@@ -1068,19 +1065,22 @@ impl pb::sandbox_service_server::SandboxService for Platform {
         &self,
         req: Request<pb::SuspendSandboxRequest>,
     ) -> std::result::Result<Response<pb::Sandbox>, Status> {
-        not_yet!(self, req, "SandboxService", "SuspendSandbox")
+        self.suspend_sandbox_here(req, method!("SandboxService", "SuspendSandbox"))
+            .await
     }
     async fn resume_sandbox(
         &self,
         req: Request<pb::ResumeSandboxRequest>,
     ) -> std::result::Result<Response<pb::Sandbox>, Status> {
-        not_yet!(self, req, "SandboxService", "ResumeSandbox")
+        self.resume_sandbox_here(req, method!("SandboxService", "ResumeSandbox"))
+            .await
     }
     async fn keep_sandbox_alive(
         &self,
         req: Request<pb::KeepSandboxAliveRequest>,
     ) -> std::result::Result<Response<pb::KeepSandboxAliveResponse>, Status> {
-        not_yet!(self, req, "SandboxService", "KeepSandboxAlive")
+        self.keep_alive_here(req, method!("SandboxService", "KeepSandboxAlive"))
+            .await
     }
     type TailSandboxLogsStream = Stream_<pb::LogEntry>;
     async fn tail_sandbox_logs(
@@ -1189,7 +1189,7 @@ mod tests {
                 assert!(l.contains("(issue 1") || l.contains("(issue 2"), "{m}: {l}");
             }
         }
-        assert!(later("/platform.v1.SandboxService/SuspendSandbox").contains("issue 19"));
+        assert!(later("/platform.v1.SandboxService/GrantEgress").contains("issue 20"));
     }
 
     #[test]
