@@ -175,6 +175,43 @@ impl Base {
         Ok(id)
     }
 
+    /// Where a raw sandbox's checkpoint goes (group `suspend`).
+    pub fn checkpoint_dir(&self, id: &str) -> PathBuf {
+        self.dir.join("checkpoints").join(id)
+    }
+
+    /// The raw suspend: runsc checkpoint through containerd's runc shim into
+    /// [`Base::checkpoint_dir`] (the task exits and is deleted; `Runtime::checkpoint`).
+    pub async fn suspend(&self, id: &str) -> Result<Duration> {
+        let rt = self.rt()?;
+        let dir = self.checkpoint_dir(id);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let t0 = Instant::now();
+        rt.checkpoint(id, &dir).await?;
+        let d = t0.elapsed();
+        // The (empty) cgroup directories runsc may leave.
+        for c in cgroup(id).dirs() {
+            let _ = std::fs::remove_dir(c);
+        }
+        Ok(d)
+    }
+
+    /// The raw resume: a new task restored from [`Base::checkpoint_dir`] (runc's
+    /// `criu_image_path`, a `runsc restore`), then `Tasks.Exec` of `echo hi`; the time until its
+    /// first stdout byte.
+    pub async fn resume_first_output(&self, id: &str) -> Result<Duration> {
+        let rt = self.rt()?;
+        let img = self.image.get().context("baseline not started")?;
+        let dir = self.checkpoint_dir(id);
+        let t0 = Instant::now();
+        rt.restore(id, &img.chain_id, ["", "", ""], &dir).await?;
+        let out = self
+            .run_exec(id, &["echo", "hi"], t0)
+            .await?
+            .check(Some(b"hi\n"))?;
+        out.first_stdout.context("no stdout")
+    }
+
     async fn run_exec(&self, id: &str, argv: &[&str], t0: Instant) -> Result<ExecOutcome> {
         let ctr = self.ctr.get().context("baseline not started")?;
         let exec_id = format!("exec-{}", uuid::Uuid::new_v4().simple());
@@ -308,6 +345,7 @@ impl Target for Base {
             let _ = std::fs::remove_dir(dir);
         }
         let _ = std::fs::remove_dir_all(self.workspace(id));
+        let _ = std::fs::remove_dir_all(self.checkpoint_dir(id));
         let _ = std::fs::remove_dir_all(self.cfg.run_dir.join("io").join(id));
         Ok(d)
     }

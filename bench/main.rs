@@ -14,6 +14,7 @@ mod ours;
 mod platform;
 mod scenarios;
 mod stats;
+mod suspend;
 mod target;
 
 use std::future::Future;
@@ -71,11 +72,12 @@ struct Args {
     /// the data stack's import, a burst of 50 execs), platform (the API key gate's added cost;
     /// create from an environment → RUNNING against compute.v1's create → READY; Watch and
     /// follow latency),
-    /// output (stdout throughput, memory with stalled clients), throughput, density.
+    /// output (stdout throughput, memory with stalled clients), throughput, density,
+    /// suspend (suspend and resume with memory: latency, disk, sessions per node).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cold,ready,workloads,platform,output,throughput,density"
+        default_value = "cold,ready,workloads,platform,output,throughput,density,suspend"
     )]
     only: Vec<String>,
     /// Override: rounds of the workloads per side.
@@ -99,6 +101,9 @@ struct Args {
     /// Override: most sandboxes of the density scenario.
     #[arg(long)]
     density: Option<usize>,
+    /// Override: idle Python sessions per side of the suspend group.
+    #[arg(long)]
+    suspend_sessions: Option<usize>,
     /// The density scenario stops when MemAvailable falls below this many MiB.
     #[arg(long, default_value_t = 3072)]
     mem_reserve_mib: u64,
@@ -122,6 +127,10 @@ impl Args {
             idle: Duration::from_secs(if q { 10 } else { 30 }),
             workload_rounds: self.workload_rounds.unwrap_or(if q { 2 } else { 10 }),
             mem_reserve: self.mem_reserve_mib << 20,
+            suspend_sessions: self
+                .suspend_sessions
+                .unwrap_or(if q { 5 } else { 20 })
+                .max(1),
         }
     }
 
@@ -149,7 +158,7 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The scenario groups of `--only`.
-const GROUPS: [&str; 7] = [
+const GROUPS: [&str; 8] = [
     "cold",
     "ready",
     "workloads",
@@ -157,6 +166,7 @@ const GROUPS: [&str; 7] = [
     "output",
     "throughput",
     "density",
+    "suspend",
 ];
 
 async fn bench(args: Args) -> Result<u8> {
@@ -369,10 +379,16 @@ async fn run(
         .map(|(s, _)| s)
         .collect();
     let push = |s: Scenario| results.lock().unwrap().push(s);
+    // Ours' cold create → first output samples, when the cold group ran (the suspend group's
+    // reference).
+    let mut cold_ours: Option<Vec<f64>> = None;
 
     if args.runs("cold") {
         eprintln!("compute-bench: cold create + destroy (sides take turns)");
         let [ro, rb] = by_side(errs, scenarios::cold(&live, plan).await);
+        if let Ok(c) = &ro {
+            cold_ours = Some(c.first_output_ms.clone()).filter(|v| !v.is_empty());
+        }
         push(Scenario {
             name: "create_to_first_output_cold",
             unit: "ms",
@@ -918,6 +934,12 @@ async fn run(
                     .into(),
             ],
         });
+    }
+
+    if args.runs("suspend") {
+        for s in suspend::group(args.quick, plan, ours, base, errs, cold_ours).await {
+            push(s);
+        }
     }
     Ok(())
 }

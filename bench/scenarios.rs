@@ -34,6 +34,8 @@ pub struct Plan {
     pub mem_reserve: u64,
     /// Rounds of the agents' workloads per side.
     pub workload_rounds: usize,
+    /// Idle Python sessions per side of the suspend group.
+    pub suspend_sessions: usize,
 }
 
 /// Runs `f`, failing after `secs` seconds.

@@ -252,9 +252,15 @@ async fn every_command_against_a_real_node() {
         "volumes",
         "disk",
         "daemon",
+        "suspend",
     ] {
         assert!(text(&o).contains(check), "{}", text(&o));
     }
+    assert!(
+        text(&o).contains("memory kept: runsc checkpoint/restore"),
+        "{}",
+        text(&o)
+    );
     let v = json(&ctl(&d, &["doctor", "-o", "json"]));
     assert!(v.as_array().unwrap().iter().all(|c| c["status"] != "FAIL"));
     let o = Command::new(env!("CARGO_BIN_EXE_computectl"))

@@ -35,6 +35,9 @@ use crate::runtime::TaskState;
 /// The file a complete checkpoint has beside its image: the runsc version that wrote it.
 const COMPLETE: &str = "complete";
 
+/// The oldest runsc release verified to give a restored sandbox's init its new stdio.
+const RESTORES_STDIO: u32 = 20240729;
+
 /// Why a sandbox is suspended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cause {
@@ -106,6 +109,16 @@ impl Node {
                  store (use runtime = \"runc-wrapper\")",
                 choice.name
             ));
+        }
+        // runsc 20221219 restores the sandbox, but not its init's stdio: the in-sandbox agent
+        // would come back cut off from the daemon. 20240729 reconnects it (verified here).
+        if let Some(date) = choice.runsc.date {
+            if date < RESTORES_STDIO && self.agent_enabled() {
+                return Some(format!(
+                    "runsc {date} does not reconnect the sandbox's stdio on restore, so the \
+                     in-sandbox agent would be lost: needs runsc {RESTORES_STDIO} or later"
+                ));
+            }
         }
         None
     }
@@ -290,8 +303,7 @@ impl Node {
     #[instrument(skip_all, fields(sandbox_id = %id))]
     async fn resume_now(&self, id: &str) -> Result<(Arc<Sandbox>, Resumed)> {
         let sb = self.get(id)?;
-        let ops = sb.ops.clone();
-        let _g = ops.lock().await;
+        let guard = sb.ops.clone().lock_owned().await;
         let from = sb.status();
         match from {
             Status::Ready => return Ok((sb, Resumed::AlreadyRunning)),
@@ -319,10 +331,14 @@ impl Node {
         let t0 = Instant::now();
         let rt = &self.inner.rt;
         sb.set_status(Status::Resuming, "");
-        let _ = rt
-            .set_labels(&sb.id, record::status_labels(Status::Resuming))
-            .await;
-        let outcome = match self.restart_task(&sb, from).await {
+        // The record first (a restart then finishes the resume), with the image looked up
+        // meanwhile.
+        let (_, image) = tokio::join!(
+            rt.set_labels(&sb.id, record::status_labels(Status::Resuming)),
+            rt.resolve_image(&sb.image)
+        );
+        let labelled = t0.elapsed();
+        let outcome = match async { self.restart_task(&sb, from, &image?.chain_id).await }.await {
             Ok(o) => o,
             Err(e) => {
                 warn!(sandbox_id = %sb.id, error = %e, "resume failed");
@@ -330,20 +346,13 @@ impl Node {
                 return Err(e);
             }
         };
+        let restarted = t0.elapsed();
         let away = sb
             .suspension()
             .and_then(|s| SystemTime::now().duration_since(s.at).ok())
             .unwrap_or_default();
         let meter = sb.meter.clone();
         let _ = blocking(move || meter.resumed(away)).await;
-        if let Err(e) = rt
-            .set_labels(&sb.id, record::status_labels(Status::Ready))
-            .await
-        {
-            warn!(sandbox_id = %sb.id, error = %e, "could not record the resume");
-        }
-        let dir = self.checkpoint_dir(&sb.id);
-        let _ = blocking(move || std::fs::remove_dir_all(dir)).await;
         sb.set_suspension(None);
         sb.touch();
         if self.agent_enabled() && matches!(outcome, Resumed::Cold(_)) {
@@ -361,30 +370,54 @@ impl Node {
                 _ => {}
             }
         }
-        if sb.platform.is_some() {
-            let data = match &outcome {
-                Resumed::Cold(why) => format!("resumed: memory lost ({why}): started afresh"),
-                _ => "resumed: memory kept".to_string(),
-            };
-            self.mark(&sb, Kind::Marker(Marker::Resumed), data, 0).await;
-            if matches!(outcome, Resumed::Cold(_)) {
-                // The same record, the same workload: it starts again.
-                let (n, s) = (self.clone(), sb.clone());
-                self.inner
-                    .tasks
-                    .spawn(async move { n.run_workload(s).await });
-            }
-        }
         info!(sandbox_id = %sb.id, outcome = ?outcome,
+              label_ms = labelled.as_secs_f64() * 1e3,
+              restart_ms = (restarted - labelled).as_secs_f64() * 1e3,
               ms = t0.elapsed().as_secs_f64() * 1e3, "sandbox resumed");
-        Ok((sb, outcome))
+        let how = outcome.clone();
+        // What the caller need not wait for: the record, the checkpoint's removal, the run
+        // log (still under the sandbox's lock, so a suspend waits for it).
+        let node = self.clone();
+        let sb2 = sb.clone();
+        self.inner.tasks.spawn(async move {
+            let _g = guard;
+            let rt = &node.inner.rt;
+            if let Err(e) = rt
+                .set_labels(&sb2.id, record::status_labels(Status::Ready))
+                .await
+            {
+                warn!(sandbox_id = %sb2.id, error = %e, "could not record the resume");
+            }
+            let dir = node.checkpoint_dir(&sb2.id);
+            let _ = blocking(move || std::fs::remove_dir_all(dir)).await;
+            if sb2.platform.is_some() {
+                let data = match &outcome {
+                    Resumed::Cold(why) => format!("resumed: memory lost ({why}): started afresh"),
+                    _ => "resumed: memory kept".to_string(),
+                };
+                node.mark(&sb2, Kind::Marker(Marker::Resumed), data, 0)
+                    .await;
+                if matches!(outcome, Resumed::Cold(_)) {
+                    // The same record, the same workload: it starts again.
+                    let (n, s) = (node.clone(), sb2.clone());
+                    node.inner
+                        .tasks
+                        .spawn(async move { n.run_workload(s).await });
+                }
+            }
+        });
+        Ok((sb, how))
     }
 
     /// Creates the sandbox's task again: restored from its checkpoint when there is a usable
     /// one, else started afresh on the same record (the agent's FIFOs and link made anew).
-    async fn restart_task(&self, sb: &Arc<Sandbox>, from: Status) -> Result<Resumed> {
+    async fn restart_task(
+        &self,
+        sb: &Arc<Sandbox>,
+        from: Status,
+        chain_id: &str,
+    ) -> Result<Resumed> {
         let rt = &self.inner.rt;
-        let image = rt.resolve_image(&sb.image).await?;
         let agent = self.agent_enabled();
         let dir = self.checkpoint_dir(&sb.id);
         let version = rt.choice().runsc.version.clone();
@@ -402,7 +435,7 @@ impl Node {
                 Default::default()
             };
             match rt
-                .restore(&sb.id, &image.chain_id, [&stdin, &stdout, &stderr], &dir)
+                .restore(&sb.id, chain_id, [&stdin, &stdout, &stderr], &dir)
                 .await
             {
                 Ok(()) => return Ok(Resumed::Restored),
@@ -420,7 +453,7 @@ impl Node {
         } else {
             Default::default()
         };
-        rt.start(&sb.id, &image.chain_id, [&stdin, &stdout, &stderr])
+        rt.start(&sb.id, chain_id, [&stdin, &stdout, &stderr])
             .await?;
         Ok(Resumed::Cold(lost.unwrap_or_default()))
     }

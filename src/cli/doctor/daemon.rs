@@ -190,6 +190,37 @@ pub(super) fn image(n: &pb::GetNodeResponse) -> Check {
     }
 }
 
+/// Suspend with memory (issue 19): what this node's runtime and runsc can do.
+pub(super) fn suspend(n: &pb::GetNodeResponse) -> Check {
+    let idle = if n.idle_suspend_secs > 0 {
+        format!(
+            "compute.v1 sandboxes idle {} s are suspended",
+            n.idle_suspend_secs
+        )
+    } else {
+        "compute.v1 idle suspend off (idle_suspend_secs = 0)".to_string()
+    };
+    if n.suspend_unsupported.is_empty() {
+        check(
+            "suspend",
+            Level::Ok,
+            format!(
+                "memory kept: runsc checkpoint/restore through {} ({}); {idle}",
+                n.runtime_name, n.runsc_version
+            ),
+            "",
+        )
+    } else {
+        check(
+            "suspend",
+            Level::Warn,
+            format!("unavailable: {}", n.suspend_unsupported),
+            "runtime = \"runc-wrapper\" and runsc 20240729 or later (bookworm-backports); \
+             until then SuspendSandbox answers FAILED_PRECONDITION and idle sandboxes stay up",
+        )
+    }
+}
+
 /// The in-sandbox agent.
 pub(super) fn agent(n: &pb::GetNodeResponse) -> Check {
     if !n.agent {

@@ -87,6 +87,7 @@ pub async fn run(t: &Target, a: DoctorArgs) -> anyhow::Result<()> {
     if let Ok(n) = &node {
         checks.push(daemon::image(n));
         checks.push(daemon::agent(n));
+        checks.push(daemon::suspend(n));
     }
 
     print_list(
