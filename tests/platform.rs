@@ -2155,6 +2155,58 @@ async fn watch_and_tail_through_the_router_resume_across_a_node_restart() {
     );
     assert_eq!(exec(&op_b).await.unwrap_err().code(), Code::NotFound);
 
+    // Suspend, resume and keep-alive through the router, to the owning node, which checks the
+    // caller again; the workload goes on printing across it.
+    let suspend = |token: &str| {
+        let mut s = s.clone();
+        let req = with(
+            pb::SuspendSandboxRequest {
+                sandbox_id: id.clone(),
+            },
+            Some(token),
+        );
+        async move { s.suspend_sandbox(req).await.map(|r| r.into_inner()) }
+    };
+    let resume = |token: &str| {
+        let mut s = s.clone();
+        let req = with(
+            pb::ResumeSandboxRequest {
+                sandbox_id: id.clone(),
+            },
+            Some(token),
+        );
+        async move { s.resume_sandbox(req).await.map(|r| r.into_inner()) }
+    };
+    let keep = |token: &str| {
+        let mut s = s.clone();
+        let req = with(
+            pb::KeepSandboxAliveRequest {
+                sandbox_id: id.clone(),
+            },
+            Some(token),
+        );
+        async move { s.keep_sandbox_alive(req).await.map(|r| r.into_inner()) }
+    };
+    assert!(keep(&viewer).await.is_ok());
+    assert_eq!(keep(&op_b).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(
+        suspend(&viewer).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    assert_eq!(suspend(&op_b).await.unwrap_err().code(), Code::NotFound);
+    let sb = suspend(&op).await.unwrap();
+    assert_eq!(sb.state, pb::SandboxState::Suspended as i32, "{sb:?}");
+    assert_eq!(
+        keep(&viewer).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        resume(&viewer).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let sb = resume(&op).await.unwrap();
+    assert_eq!(sb.state, pb::SandboxState::Running as i32, "{sb:?}");
+
     // Follow through the router until ~50 lines are in, then kill -9 the owning node and bring
     // it back; the follower reconnects from its last offset.
     let follow = |from: u64| {
@@ -2223,13 +2275,26 @@ async fn watch_and_tail_through_the_router_resume_across_a_node_restart() {
         want,
         "output lost across the restart"
     );
+    // The suspend's markers are in order (wherever the workload was then).
+    let life: Vec<_> = markers(&got)
+        .into_iter()
+        .filter(|m| !matches!(m, pb::LogMarker::Suspended | pb::LogMarker::Resumed))
+        .collect();
     assert_eq!(
-        markers(&got),
+        life,
         [
             pb::LogMarker::Created,
             pb::LogMarker::Started,
             pb::LogMarker::Exited
         ]
+    );
+    let pause: Vec<_> = markers(&got)
+        .into_iter()
+        .filter(|m| matches!(m, pb::LogMarker::Suspended | pb::LogMarker::Resumed))
+        .collect();
+    assert!(
+        pause.is_empty() || pause == [pb::LogMarker::Suspended, pb::LogMarker::Resumed],
+        "{pause:?}"
     );
     assert_eq!(got.last().unwrap().exit_code, 0);
 
