@@ -455,4 +455,38 @@ mod tests {
         .unwrap();
         assert_eq!(old.cpu_base, 0);
     }
+
+    #[test]
+    fn a_suspend_banks_the_cpu_and_a_resume_continues_on_a_new_counter() {
+        let f = Fake::new();
+        let m = f.meter(Persisted::default());
+        f.set(900_000_000, 1 << 20);
+        assert_eq!(m.lifetime().cpu_ms, 900);
+        let banked = m.suspend();
+        assert_eq!(banked.cpu_ns, 900_000_000);
+        // Suspended: the cgroup is gone; nothing moves, nothing goes backwards.
+        let _ = std::fs::remove_dir_all(f.tree.root().join("cpuacct/compute/x"));
+        let _ = std::fs::remove_dir_all(f.tree.root().join("memory/compute/x"));
+        assert_eq!(m.lifetime().cpu_ms, 900);
+        // Restored into a new cgroup counting from a small value.
+        f.tree.add("/compute/x");
+        f.set(20_000_000, 1 << 20);
+        m.resumed(std::time::Duration::from_secs(10));
+        assert_eq!(
+            m.lifetime().cpu_ms,
+            900,
+            "the restore's own CPU is not the tenant's"
+        );
+        f.set(70_000_000, 1 << 20);
+        assert_eq!(m.lifetime().cpu_ms, 950);
+        // The ten seconds away count as holding nothing in the lifetime average.
+        let p = m.persisted();
+        assert!(p.span_us >= 10_000_000, "{p:?}");
+        assert!(m.lifetime().memory_avg_bytes < 1 << 20);
+        // And a restarted daemon continues from the labels.
+        let json = serde_json::to_string(&p).unwrap();
+        let m2 = f.meter(serde_json::from_str(&json).unwrap());
+        f.set(100_000_000, 1 << 20);
+        assert_eq!(m2.lifetime().cpu_ms, 980);
+    }
 }

@@ -367,3 +367,155 @@ async fn shutdown_drains_every_task_and_starts_nothing_new() {
     assert_eq!(stuck.status(), Status::Starting);
     assert!(h.rt.record_of(&stuck.id).is_some());
 }
+
+#[tokio::test]
+async fn suspend_and_resume_keep_the_record_and_fall_back_to_a_cold_start() {
+    let h = Harness::new(|_| {});
+    let sb = h.create("s").await.unwrap();
+    becomes(&sb, Status::Ready).await;
+    let label = |id: &str, k: &str| {
+        h.rt.record_of(id)
+            .and_then(|r| r.labels.get(&record::label(k)).cloned())
+    };
+
+    // A checkpoint that fails while the sandbox runs leaves it READY.
+    h.rt.fail(Op::Checkpoint, false);
+    assert!(h
+        .node
+        .suspend(&sb.id, suspend::Cause::Request)
+        .await
+        .is_err());
+    assert_eq!(sb.status(), Status::Ready);
+    h.rt.heal();
+
+    let s = h
+        .node
+        .suspend(&sb.id, suspend::Cause::Request)
+        .await
+        .unwrap();
+    assert_eq!(s.status(), Status::Suspended);
+    assert_eq!(label(&sb.id, "status").as_deref(), Some("suspended"));
+    assert!(sb
+        .suspension()
+        .is_some_and(|s| s.memory && s.checkpoint_bytes > 0));
+    assert_eq!(h.rt.task(&sb.id), TaskState::Missing);
+    // Suspending again is no change; a suspended sandbox is still its session's.
+    h.node
+        .suspend(&sb.id, suspend::Cause::Request)
+        .await
+        .unwrap();
+    assert_eq!(h.create("s").await.unwrap().id, sb.id);
+
+    let (_, how) = h.node.resume(&sb.id).await.unwrap();
+    assert_eq!(how, suspend::Resumed::Restored);
+    assert_eq!(sb.status(), Status::Ready);
+    assert!(sb.suspension().is_none());
+    assert!(h.rt.calls().contains(&format!("Restore {}", sb.id)));
+
+    // A checkpoint gone bad: a cold start of the same record.
+    h.node
+        .suspend(&sb.id, suspend::Cause::Request)
+        .await
+        .unwrap();
+    std::fs::remove_file(h.node.checkpoint_dir(&sb.id).join("checkpoint.img")).unwrap();
+    let (_, how) = h.node.resume(&sb.id).await.unwrap();
+    assert!(
+        matches!(how, suspend::Resumed::Cold(ref why) if why.contains("could not be restored")),
+        "{how:?}"
+    );
+    assert_eq!(h.rt.task(&sb.id), TaskState::Running);
+    // Another runsc wrote it: cold too, saying so.
+    h.node
+        .suspend(&sb.id, suspend::Cause::Request)
+        .await
+        .unwrap();
+    std::fs::write(
+        h.node.checkpoint_dir(&sb.id).join("complete"),
+        "runsc version 0.0~1",
+    )
+    .unwrap();
+    let (_, how) = h.node.resume(&sb.id).await.unwrap();
+    assert!(
+        matches!(how, suspend::Resumed::Cold(ref why) if why.contains("0.0~1")),
+        "{how:?}"
+    );
+    // A compute.v1 exec wakes a suspended sandbox: wait_ready resumes it.
+    h.node
+        .suspend(&sb.id, suspend::Cause::Request)
+        .await
+        .unwrap();
+    h.node.wait_ready(&sb).await.unwrap();
+    assert_eq!(sb.status(), Status::Ready);
+    // Destroy removes the checkpoint of a suspended one.
+    h.node
+        .suspend(&sb.id, suspend::Cause::Request)
+        .await
+        .unwrap();
+    assert!(h.node.checkpoint_dir(&sb.id).exists());
+    h.node.destroy(&sb.id).await.unwrap();
+    assert!(!h.node.checkpoint_dir(&sb.id).exists());
+}
+
+#[tokio::test]
+async fn recovery_settles_a_suspend_or_resume_cut_short() {
+    let mut h = Harness::new(|_| {});
+    let def = |n: u128| Definition {
+        id: uuid::Uuid::from_u128(n).hyphenated().to_string(),
+        tenant_id: "t".into(),
+        session_id: format!("s{n}"),
+        image: "img".into(),
+        created_at: SystemTime::now(),
+        limits: Limits {
+            cpu_millis: 100,
+            memory_bytes: 64 << 20,
+            max_runtime: Duration::from_secs(600),
+        },
+        workspace: WorkspaceSpec {
+            storage_class: "local".into(),
+            size: ByteSize::parse("64Mi").unwrap(),
+            mount_path: "/workspace".into(),
+        },
+        pool: false,
+        image_digest: String::new(),
+        platform: None,
+    };
+    // (recorded step, task state) → status after recovery
+    let cases = [
+        (Status::Suspending, TaskState::Running, Status::Ready),
+        (Status::Suspending, TaskState::Missing, Status::Suspended),
+        (Status::Suspended, TaskState::Missing, Status::Suspended),
+        (Status::Resuming, TaskState::Running, Status::Ready),
+        // Cut short before its task: finished after the restart (a cold start here: no
+        // checkpoint on disk).
+        (Status::Resuming, TaskState::Missing, Status::Ready),
+    ];
+    for (i, (step, task, _)) in cases.iter().enumerate() {
+        let d = def(i as u128 + 1);
+        let mut labels = record::labels(&d);
+        labels.extend(record::status_labels(*step));
+        h.rt.plant(&d.id, labels, *task);
+    }
+    assert_eq!(h.restart().await, cases.len());
+    for (i, (step, task, want)) in cases.iter().enumerate() {
+        let sb = h.node.get(&def(i as u128 + 1).id).unwrap();
+        becomes(&sb, *want).await;
+        let label =
+            h.rt.record_of(&sb.id)
+                .and_then(|r| r.labels.get(&record::label("status")).cloned());
+        let want_label = if *want == Status::Suspended {
+            "suspended"
+        } else {
+            "ready"
+        };
+        // The resumed one writes its label just after READY.
+        let t0 = Instant::now();
+        let mut label = label;
+        while label.as_deref() != Some(want_label) && t0.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            label =
+                h.rt.record_of(&sb.id)
+                    .and_then(|r| r.labels.get(&record::label("status")).cloned());
+        }
+        assert_eq!(label.as_deref(), Some(want_label), "{step:?} {task:?}");
+    }
+}
