@@ -39,7 +39,8 @@ fn wait_status(d: &Daemon, id: &str, status: &str, within: Duration) -> serde_js
     }
 }
 
-/// Processes on the host that belong to sandbox `id` (its sentry, gofer and shim).
+/// Processes on the host that belong to sandbox `id` (its sentry, gofer, shim and the agent's
+/// FIFO holder).
 fn host_processes(id: &str) -> Vec<String> {
     let mut found = Vec::new();
     for p in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -47,7 +48,7 @@ fn host_processes(id: &str) -> Vec<String> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(id) && !cmd.contains("fifo-hold") {
+        if cmd.contains(id) {
             found.push(cmd);
         }
     }

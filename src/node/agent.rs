@@ -87,6 +87,14 @@ impl Node {
         .map_err(|e| Error::Internal(format!("agent FIFOs: {e}")))
     }
 
+    /// Stops the FIFOs' holder of a suspended sandbox: with no shim there is nothing for it to
+    /// keep open (the resume starts it again before the restore), so a suspended sandbox
+    /// leaves no process on the host.
+    pub(super) async fn stop_holder(&self, id: &str) {
+        let dir = self.agent_dir(id);
+        let _ = blocking(move || kill_holder(&dir)).await;
+    }
+
     /// The agent's stderr FIFO (drained into `agent.log` by the holder).
     pub(super) fn agent_stderr(&self, id: &str) -> String {
         self.agent_dir(id).join("err").display().to_string()

@@ -264,6 +264,9 @@ impl Node {
             dir_bytes(&d)
         })
         .await?;
+        if self.agent_enabled() {
+            self.stop_holder(&sb.id).await;
+        }
         let s = Suspension {
             at: SystemTime::now(),
             checkpoint_bytes: bytes,
