@@ -480,13 +480,19 @@ impl Node {
         if !matches!(status, Status::Suspending | Status::Resuming) {
             return Ok(());
         }
-        let state = rt.state(&sb.id).await?;
-        let running = matches!(
-            state,
-            TaskState::Running | TaskState::Paused | TaskState::Unknown
-        );
+        let running = |state| {
+            matches!(
+                state,
+                TaskState::Running | TaskState::Paused | TaskState::Unknown
+            )
+        };
+        let dir = self.checkpoint_dir(&sb.id);
+        let mut state = rt.state(&sb.id).await?;
+        if status == Status::Suspending && running(state) {
+            state = self.wait_checkpoint_in_flight(sb, &dir, state).await?;
+        }
         info!(sandbox_id = %sb.id, ?status, ?state, "settling a suspend or resume");
-        if running {
+        if running(state) {
             if status == Status::Resuming {
                 let away = sb
                     .suspension()
@@ -494,20 +500,42 @@ impl Node {
                     .unwrap_or_default();
                 let meter = sb.meter.clone();
                 let _ = blocking(move || meter.resumed(away)).await;
-                sb.set_suspension(None);
             }
+            // Running: no checkpoint of it is kept (a resume cut short restored it; a
+            // suspend cut short left a partial one, or a past suspension's labels).
+            sb.set_suspension(None);
+            let d = dir.clone();
+            let _ = blocking(move || std::fs::remove_dir_all(d)).await;
             let _ = rt
                 .set_labels(&sb.id, record::status_labels(Status::Ready))
                 .await;
             sb.set_status(Status::Ready, "");
             return Ok(());
         }
-        let dir = self.checkpoint_dir(&sb.id);
+        // The task a checkpoint (or a restore) cut short ended: deleted, so that no shim
+        // stays behind while suspended.
+        if state != TaskState::Missing {
+            if let Err(e) = rt.delete_task(&sb.id).await {
+                warn!(sandbox_id = %sb.id, error = %e, "could not delete the ended task");
+            }
+        }
+        if self.agent_enabled() {
+            self.stop_holder(&sb.id).await;
+        }
         let version = rt.choice().runsc.version.clone();
         let d = dir.clone();
-        let (memory, bytes) =
-            blocking(move || (unusable(&d, &version).is_none(), dir_bytes(&d))).await?;
-        let s = sb.suspension().unwrap_or(Suspension {
+        let leftovers = self.leftovers(&sb.id);
+        let (memory, bytes) = blocking(move || {
+            leftovers.remove_cgroup();
+            (unusable(&d, &version).is_none(), dir_bytes(&d))
+        })
+        .await?;
+        // A suspend cut short never recorded its suspension: the labels may still hold a
+        // past one's.
+        let recorded = (status == Status::Resuming)
+            .then(|| sb.suspension())
+            .flatten();
+        let s = recorded.unwrap_or(Suspension {
             at: SystemTime::now(),
             checkpoint_bytes: bytes,
             memory,
@@ -525,6 +553,47 @@ impl Node {
             });
         }
         Ok(())
+    }
+
+    /// A SUSPENDING sandbox whose task still runs after a restart: the killed daemon may have
+    /// left a checkpoint under way in the shim, which ends the task once written. While its
+    /// checkpoint directory has data and grows, waits (bounded) for the task to end; returns
+    /// the task's state then.
+    async fn wait_checkpoint_in_flight(
+        &self,
+        sb: &Sandbox,
+        dir: &Path,
+        mut state: TaskState,
+    ) -> Result<TaskState> {
+        const STALL: Duration = Duration::from_secs(5);
+        const BOUND: Duration = Duration::from_secs(120);
+        let t0 = Instant::now();
+        let (mut last, mut grew) = (0, Instant::now());
+        loop {
+            let d = dir.to_path_buf();
+            let bytes = blocking(move || dir_bytes(&d)).await?;
+            if bytes == 0 && last == 0 && t0.elapsed() >= Duration::from_millis(500) {
+                // No checkpoint was started (or it wrote nothing in half a second).
+                return Ok(state);
+            }
+            if bytes != last {
+                (last, grew) = (bytes, Instant::now());
+            }
+            if grew.elapsed() > STALL || t0.elapsed() > BOUND {
+                warn!(sandbox_id = %sb.id, bytes, "a checkpoint cut short never ended the task");
+                return Ok(state);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            state = self.inner.rt.state(&sb.id).await?;
+            if !matches!(
+                state,
+                TaskState::Running | TaskState::Paused | TaskState::Unknown
+            ) {
+                info!(sandbox_id = %sb.id, bytes, ms = t0.elapsed().as_millis() as u64,
+                      "a checkpoint cut short by the restart ended the task");
+                return Ok(state);
+            }
+        }
     }
 
     /// The idle-suspend loop: every `idle_check_ms` it suspends, one at a time, the READY

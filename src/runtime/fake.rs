@@ -321,6 +321,13 @@ impl SandboxRuntime for FakeRuntime {
         Ok(self.task(id))
     }
 
+    async fn delete_task(&self, id: &str) -> Result<()> {
+        if self.lock().tasks.remove(id).is_some() {
+            self.exits.send_modify(|n| *n += 1);
+        }
+        Ok(())
+    }
+
     async fn wait_exit(&self, id: &str) -> Result<u32> {
         let mut rx = self.exits.subscribe();
         loop {

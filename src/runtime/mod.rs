@@ -187,6 +187,10 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// The state of the sandbox's init task.
     async fn state(&self, id: &str) -> Result<TaskState>;
 
+    /// Deletes the sandbox's init task (killed first if it still runs); the record and its
+    /// rootfs stay. A missing task is not an error.
+    async fn delete_task(&self, id: &str) -> Result<()>;
+
     /// Waits for the init task to exit and returns its status.
     async fn wait_exit(&self, id: &str) -> Result<u32>;
 
@@ -423,6 +427,10 @@ impl SandboxRuntime for Runtime {
 
     async fn state(&self, id: &str) -> Result<TaskState> {
         Ok(self.ctr.task_state(id, "").await?)
+    }
+
+    async fn delete_task(&self, id: &str) -> Result<()> {
+        self.remove_task(id).await
     }
 
     async fn wait_exit(&self, id: &str) -> Result<u32> {
