@@ -9,8 +9,9 @@
 //!   `computectl suspend` sends); baseline: the raw runsc checkpoint through containerd's runc
 //!   shim (`Runtime::checkpoint`: CheckpointTask with exit, wait, delete task), timed;
 //! * what a suspended session leaves on the host (the same readings: on ours the daemon's
-//!   share; no cgroup, no shim and no FIFO holder, which the row reports) and on disk (`checkpoint_bytes`
-//!   of admin ListSandboxes, cross-checked with `du` of the checkpoint directory);
+//!   share; no cgroup, no shim and no FIFO holder, which the row reports) and on disk
+//!   (`checkpoint_bytes` of admin ListSandboxes, cross-checked with `du` of the checkpoint
+//!   directory);
 //! * ours: compute.v1 `ExecCommand echo hi` on each suspended sandbox until its first stdout
 //!   byte: the transparent resume included; baseline: raw restore (a new task with
 //!   `criu_image_path`) then `Tasks.Exec echo hi` until the first byte; the session must have
