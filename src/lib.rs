@@ -8,6 +8,7 @@ pub mod api;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod egress;
 pub mod flow;
 pub mod install;
 pub mod metering;
