@@ -577,6 +577,9 @@ impl Node {
             });
         }
         lock(&self.inner.platform.deleting).insert(sb.id.clone());
+        // Its teardown is under way before the kill, so that the exit watch does not take the
+        // kill's exit for a failure (a FAILED the watchers would see before TERMINATED).
+        sb.cancel.cancel();
         // No flush: a hard kill first, then the node's teardown.
         let _ = self
             .inner
