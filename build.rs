@@ -23,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // serves it, the router's not yet.
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("platform_descriptor.bin"))
+        .extern_path(".common.v1", "crate::api::common::v1")
         .compile_protos(&["proto/platform/v1/platform.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())

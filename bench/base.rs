@@ -152,6 +152,8 @@ impl Base {
             cpu_quota: i64::from(cfg.default_cpu_millis) * 100,
             memory_limit: (mem + cfg.memory_headroom_bytes.max(mem / 4)) as i64,
             pids_limit: cfg.pids_limit,
+            netns: None,
+            hosts: None,
         })
     }
 

@@ -10,7 +10,15 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use computed::egress::{table, Allow, Cidr, TABLE};
+use std::cell::RefCell;
+
+use computed::egress::{elements, Allow, Cidr, Element, Layout};
+
+/// The node's layout in the test's "host" namespace: slot 0 is `cs-0`, 10.200.0.1 ↔ 10.200.0.2.
+fn layout(never: &[&str]) -> Layout {
+    let never: Vec<String> = never.iter().map(|s| s.to_string()).collect();
+    Layout::new("compute", "cs-", "10.200.0.0/16", "up0", &never).unwrap()
+}
 
 /// Runs `cmd`, split at spaces; fails the test when it fails.
 fn run(cmd: &str) {
@@ -29,6 +37,9 @@ struct Net {
     sandbox: String,
     world: String,
     servers: Vec<std::process::Child>,
+    /// What has been granted, and what is in the kernel.
+    granted: RefCell<Vec<(Allow, Option<u64>)>>,
+    applied: RefCell<Vec<Element>>,
 }
 
 impl Drop for Net {
@@ -51,6 +62,8 @@ impl Net {
             sandbox: format!("egs-{p}"),
             world: format!("egw-{p}"),
             servers: Vec::new(),
+            granted: RefCell::default(),
+            applied: RefCell::default(),
         };
         let (h, s, w) = (&net.host, &net.sandbox, &net.world);
         for n in [h, s, w] {
@@ -58,25 +71,25 @@ impl Net {
             run(&format!("ip -n {n} link set lo up"));
         }
         run(&format!(
-            "ip link add cs-test netns {h} type veth peer name eth0 netns {s}"
+            "ip link add cs-0 netns {h} type veth peer name eth0 netns {s}"
         ));
         run(&format!(
             "ip link add up0 netns {h} type veth peer name eth0 netns {w}"
         ));
         for cmd in [
-            format!("ip -n {h} addr add 10.200.0.1/30 dev cs-test"),
+            format!("ip -n {h} addr add 10.200.0.1/30 dev cs-0"),
             format!("ip -n {s} addr add 10.200.0.2/30 dev eth0"),
             // A second address in the sandbox: sending from it is spoofing.
             format!("ip -n {s} addr add 10.200.0.6/32 dev eth0"),
             format!("ip -n {h} addr add 198.18.0.254/24 dev up0"),
             format!("ip -n {w} addr add 198.18.0.1/24 dev eth0"),
             format!("ip -n {w} addr add 198.18.1.1/24 dev eth0"),
-            format!("ip -n {h} link set cs-test up"),
+            format!("ip -n {h} link set cs-0 up"),
             format!("ip -n {h} link set up0 up"),
             format!("ip -n {s} link set eth0 up"),
             format!("ip -n {w} link set eth0 up"),
             format!("ip -n {s} route add default via 10.200.0.1"),
-            format!("ip -n {h} route add 10.200.0.6/32 dev cs-test"),
+            format!("ip -n {h} route add 10.200.0.6/32 dev cs-0"),
             format!("ip -n {h} route add 198.18.1.0/24 via 198.18.0.1"),
             format!("ip -n {w} route add 10.200.0.0/16 via 198.18.0.254"),
             format!("ip netns exec {h} sysctl -qw net.ipv4.ip_forward=1"),
@@ -134,16 +147,23 @@ impl Net {
         );
     }
 
-    fn grant(&self, cidr: &str, ports: &[u16], ttl: u64) {
-        let mut script = String::new();
+    /// Replaces the table (nothing granted).
+    fn table(&self, l: &Layout) {
+        self.granted.borrow_mut().clear();
+        self.applied.borrow_mut().clear();
+        self.nft(&l.script(&l.source(0)));
+    }
+
+    /// Grants `cidr` on `ports` over TCP, for `ttl` seconds (0: no expiry), on top of what is
+    /// granted already (the elements replaced in one transaction, as the node does).
+    fn grant(&self, l: &Layout, cidr: &str, ports: &[u16], ttl: u64) {
+        let ttl = (ttl > 0).then_some(ttl);
         for a in Allow::of_rule(Cidr::parse(cidr).unwrap(), ports, "tcp").unwrap() {
-            script += &format!(
-                "add element {TABLE} {} {{ {} }}\n",
-                a.set(),
-                a.element("cs-test", ttl)
-            );
+            self.granted.borrow_mut().push((a, ttl));
         }
-        self.nft(&script);
+        let new = elements(&l.iface(0), &self.granted.borrow());
+        self.nft(&l.change(&self.applied.borrow(), &new));
+        *self.applied.borrow_mut() = new;
     }
 }
 
@@ -170,13 +190,11 @@ fn the_host_side_table_enforces_egress() {
     assert!(net.reach("10.200.0.2", "198.18.1.1", 8000));
     assert!(net.reach("10.200.0.2", "10.200.0.1", 7000));
 
-    net.nft(&table(&[Cidr::parse("198.18.1.0/24").unwrap()]));
-    net.nft(&format!(
-        "add element {TABLE} sources {{ \"cs-test\" . 10.200.0.2 }}\n"
-    ));
+    let l = layout(&["198.18.1.0/24"]);
+    net.table(&l);
     assert!(!net.reach("10.200.0.2", "198.18.0.1", 8000), "deny-all");
 
-    net.grant("198.18.0.0/24", &[8000], 0);
+    net.grant(&l, "198.18.0.0/24", &[8000], 0);
     assert!(net.reach("10.200.0.2", "198.18.0.1", 8000), "granted");
     assert!(!net.reach("10.200.0.2", "198.18.0.1", 9000), "another port");
     assert!(
@@ -189,7 +207,7 @@ fn the_host_side_table_enforces_egress() {
     );
 
     // 198.18.1.0/24 is on the never list: a grant of everything does not open it.
-    net.grant("0.0.0.0/0", &[], 0);
+    net.grant(&l, "0.0.0.0/0", &[], 0);
     assert!(
         net.reach("10.200.0.2", "198.18.0.1", 9000),
         "0.0.0.0/0 granted"
@@ -204,11 +222,9 @@ fn the_host_side_table_enforces_egress() {
     );
 
     // A grant with a TTL expires in the kernel.
-    net.nft(&table(&[]));
-    net.nft(&format!(
-        "add element {TABLE} sources {{ \"cs-test\" . 10.200.0.2 }}\n"
-    ));
-    net.grant("198.18.1.0/24", &[8000], 2);
+    let l = layout(&[]);
+    net.table(&l);
+    net.grant(&l, "198.18.1.0/24", &[8000], 2);
     assert!(
         net.reach("10.200.0.2", "198.18.1.1", 8000),
         "granted for 2 s"

@@ -107,9 +107,15 @@ impl Session {
             match m.and_then(|m| m.msg) {
                 Some(Out::Stdout(d)) => self.stdout.extend(d),
                 Some(Out::Stderr(d)) => self.stderr.extend(d),
-                Some(Out::Exit(e)) => {
+                Some(Out::Exit(mut e)) => {
                     // Nothing after the exit: the stream ends.
                     assert!(self.rx.message().await.unwrap().is_none());
+                    // Every exit that ran carries its usage (the tests compare the rest).
+                    let lost = e.termination == pb::Termination::Lost as i32;
+                    assert!(
+                        e.usage.take().is_some() || lost,
+                        "an exit without usage: {e:?}"
+                    );
                     return e;
                 }
                 None => panic!("the stream ended without an exit: {:?}", self.text()),
@@ -157,6 +163,7 @@ fn exited(code: i32) -> pb::ExecExit {
         code,
         termination: pb::Termination::Exited as i32,
         signal: 0,
+        usage: None,
     }
 }
 

@@ -381,10 +381,11 @@ const ID_ADDRESSED: &[&str] = &[
     "DeleteWorkspace",
 ];
 
-/// The sandbox RPCs served since issues 17 and 18 (the rest answer UNIMPLEMENTED past the
-/// gate).
+/// The sandbox RPCs served since issues 17-20 (the rest answer UNIMPLEMENTED past the gate).
 const SERVED: &[&str] = &[
     "CreateSandbox",
+    "GrantEgress",
+    "RevokeEgress",
     "ExecInSandbox",
     "DeleteSandbox",
     "GetSandbox",

@@ -11,7 +11,8 @@ use crate::workspace;
 pub fn code(e: &Error) -> Code {
     match e {
         Error::InvalidArgument(_) => Code::InvalidArgument,
-        Error::NotFound(_) => Code::NotFound,
+        Error::NotFound(_) | Error::NoSuchGrant { .. } => Code::NotFound,
+        Error::Unimplemented(_) => Code::Unimplemented,
         Error::FailedPrecondition { .. } => Code::FailedPrecondition,
         Error::NotReady(_) => Code::DeadlineExceeded,
         Error::ResourceExhausted(_) => Code::ResourceExhausted,
@@ -80,6 +81,14 @@ mod tests {
         let cases: Vec<(Error, Code)> = vec![
             (Error::InvalidArgument("x".into()), Code::InvalidArgument),
             (Error::NotFound("x".into()), Code::NotFound),
+            (
+                Error::NoSuchGrant {
+                    id: "x".into(),
+                    grant: "g".into(),
+                },
+                Code::NotFound,
+            ),
+            (Error::Unimplemented("x".into()), Code::Unimplemented),
             (
                 Error::FailedPrecondition {
                     id: "x".into(),

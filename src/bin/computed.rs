@@ -422,6 +422,12 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
     let ctr = Containerd::connect(&cfg.containerd_socket, &cfg.namespace).await?;
     let choice = runtime::choose_runtime(&cfg)?;
     tracing::info!(runtime = %choice.name, kind = ?choice.kind, "runtime selected");
+    if cfg.egress.is_some() && choice.kind == computed::config::RuntimeKind::RunscShim {
+        anyhow::bail!(
+            "[egress] needs runtime = \"runc-wrapper\": with gVisor's shim every sandbox gets \
+             the network flag of its one TOML (networks per sandbox come with a second TOML)"
+        );
+    }
     let images = runtime::ImagePolicy {
         pull_missing: cfg.pull_missing,
         insecure_registries: cfg.insecure_registries.clone(),

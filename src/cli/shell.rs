@@ -303,6 +303,7 @@ mod tests {
             code,
             termination: t as i32,
             signal,
+            usage: None,
         })
     }
 

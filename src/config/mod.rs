@@ -200,6 +200,9 @@ pub struct Config {
     /// The warm pool: pre-booted sandboxes per image (`[[pool]]` tables; `COMPUTE_POOL`).
     /// Empty (the default) turns the pool off.
     pub pool: Vec<PoolEntry>,
+    /// Sandbox networks (`[egress]`): absent, platform sandboxes have no network and
+    /// GrantEgress is UNIMPLEMENTED; compute.v1 sandboxes never have one.
+    pub egress: Option<EgressConfig>,
     /// The file this configuration was read from (none: defaults and environment). Not a key.
     #[serde(skip)]
     pub loaded_from: Option<PathBuf>,
@@ -223,6 +226,53 @@ pub struct PoolEntry {
     /// Mount path of the members' workspaces; empty = `/workspace`.
     #[serde(default)]
     pub mount_path: String,
+}
+
+/// How the node gives platform sandboxes networks (`[egress]`): each its own namespace and a
+/// /30 of `pool`, deny-all but for its environment's base policy and its live grants.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// The IPv4 block the sandboxes' /30s come from (one per sandbox: how many it holds is how
+    /// many networked sandboxes the node can have).
+    #[serde(default = "default_egress_pool")]
+    pub pool: String,
+    /// The interface sandbox traffic may leave by (masqueraded to its address); empty = any
+    /// interface that is not a sandbox's. Tests point it at a fake internet.
+    #[serde(default)]
+    pub uplink: String,
+    /// More blocks no grant opens: the cluster's pod and service ranges, metadata servers
+    /// (link-local, loopback, multicast, the pool and the node itself are always closed).
+    #[serde(default)]
+    pub never: Vec<String>,
+    /// The nft table (family inet) the node owns.
+    #[serde(default = "default_egress_table")]
+    pub table: String,
+    /// Prefix of the sandboxes' host-side interfaces and namespaces (at most 9 characters).
+    #[serde(default = "default_egress_prefix")]
+    pub iface_prefix: String,
+}
+
+fn default_egress_pool() -> String {
+    "10.200.0.0/16".into()
+}
+fn default_egress_table() -> String {
+    "compute".into()
+}
+fn default_egress_prefix() -> String {
+    "cs-".into()
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        Self {
+            pool: default_egress_pool(),
+            uplink: String::new(),
+            never: Vec::new(),
+            table: default_egress_table(),
+            iface_prefix: default_egress_prefix(),
+        }
+    }
 }
 
 /// The smallest workspace a sandbox may have.
@@ -302,6 +352,7 @@ impl Default for Config {
             cpu_overcommit: 4.0,
             log_json: false,
             pool: vec![],
+            egress: None,
             loaded_from: None,
         }
     }
@@ -358,6 +409,13 @@ impl Config {
     /// Checks ranges and formats.
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::Invalid(m));
+        if let Some(e) = &self.egress {
+            if let Err(err) =
+                crate::egress::Layout::new(&e.table, &e.iface_prefix, &e.pool, &e.uplink, &e.never)
+            {
+                return bad(format!("[egress]: {err}"));
+            }
+        }
         if self.listen.parse::<std::net::SocketAddr>().is_err() && !self.listen.is_empty() {
             return bad(format!("listen {:?} is not an address:port", self.listen));
         }

@@ -44,6 +44,19 @@ pub struct Persisted {
     /// counts from zero again).
     #[serde(default)]
     pub cpu_base: i64,
+    /// Highest lifetime network egress bytes reported (monotonic guard).
+    #[serde(default)]
+    pub net_egress: u64,
+    /// Likewise for ingress.
+    #[serde(default)]
+    pub net_ingress: u64,
+    /// Added to the veth's egress counter to give the lifetime figure (what an earlier veth
+    /// counted, for a sandbox whose veth was made again).
+    #[serde(default)]
+    pub net_egress_base: i64,
+    /// Likewise for ingress.
+    #[serde(default)]
+    pub net_ingress_base: i64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +65,8 @@ struct Raw {
     ws: u64,
     read: u64,
     write: u64,
+    /// The veth's IP-layer bytes (egress, ingress), if the sandbox has a network.
+    net: Option<(u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -59,6 +74,8 @@ struct ExecAcc {
     cpu_ns: u64,
     read: u64,
     write: u64,
+    net_out: u64,
+    net_in: u64,
     start_ws: u64,
     mem: MemoryWindow,
     /// Bytes the sandbox's host processes had dirtied when the exec began.
@@ -78,6 +95,8 @@ struct State {
 #[derive(Debug)]
 pub struct Meter {
     cg: SandboxCgroup,
+    /// The sandbox's host-side veth (its rx is the sandbox's egress).
+    net: Option<String>,
     data_dirs: Vec<PathBuf>,
     disk: Mutex<Option<DiskSource>>,
     state: Mutex<State>,
@@ -89,6 +108,7 @@ impl Meter {
     pub fn new(cg: SandboxCgroup, data_dirs: Vec<PathBuf>, persisted: Persisted) -> Self {
         Self {
             cg,
+            net: None,
             data_dirs,
             disk: Mutex::new(None),
             state: Mutex::new(State {
@@ -99,6 +119,30 @@ impl Meter {
                 next_id: 0,
             }),
         }
+    }
+
+    /// This meter also counting the network bytes of host-side veth `iface`.
+    pub fn with_network(mut self, iface: Option<String>) -> Self {
+        self.net = iface;
+        self
+    }
+
+    /// Network usage goes on from what was counted so far over a new veth (made again
+    /// after a crash: its counters start from zero).
+    pub fn rebase_net(&self) {
+        let now = self.read_net();
+        let mut st = self.lock();
+        let p = &mut st.persisted;
+        let (o, i) = now.unwrap_or((0, 0));
+        p.net_egress_base = p.net_egress as i64 - o as i64;
+        p.net_ingress_base = p.net_ingress as i64 - i as i64;
+        if let Some(last) = st.last.as_mut() {
+            last.net = now;
+        }
+    }
+
+    fn read_net(&self) -> Option<(u64, u64)> {
+        crate::egress::veth_bytes(self.net.as_deref()?)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -120,6 +164,7 @@ impl Meter {
             ws,
             read,
             write,
+            net: self.read_net(),
         })
     }
 
@@ -132,17 +177,29 @@ impl Meter {
         Some(raw.ws)
     }
 
-    fn account(&self, st: &mut State, raw: Raw) {
+    fn account(&self, st: &mut State, mut raw: Raw) {
+        // A veth that could not be read this time keeps its last reading (no delta twice).
+        if raw.net.is_none() {
+            raw.net = st.last.and_then(|l| l.net);
+        }
         if let Some(last) = st.last {
+            let (d_out, d_in) = match (last.net, raw.net) {
+                (Some(a), Some(b)) => (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)),
+                _ => (0, 0),
+            };
             let n = st.execs.len() as u64;
             let share = |d: u64| d.checked_div(n).unwrap_or(0);
             let d_cpu = share(raw.cpu_ns.saturating_sub(last.cpu_ns));
             let d_r = share(raw.read.saturating_sub(last.read));
             let d_w = share(raw.write.saturating_sub(last.write));
+            // Bytes are not shared out: each exec running then saw them all (a network is
+            // the sandbox's, not one process's).
             for acc in st.execs.values_mut() {
                 acc.cpu_ns += d_cpu;
                 acc.read += d_r;
                 acc.write += d_w;
+                acc.net_out += d_out;
+                acc.net_in += d_in;
             }
         }
         for acc in st.execs.values_mut() {
@@ -191,6 +248,8 @@ impl Meter {
                 cpu_ns: 0,
                 read: 0,
                 write: 0,
+                net_out: 0,
+                net_in: 0,
                 start_ws,
                 mem: MemoryWindow::new(0),
                 dirtied,
@@ -227,8 +286,8 @@ impl Meter {
             memory_avg_bytes: acc.mem.average(),
             disk_read_bytes: acc.read,
             disk_write_bytes: acc.write,
-            network_egress_bytes: 0,
-            network_ingress_bytes: 0,
+            network_egress_bytes: acc.net_out,
+            network_ingress_bytes: acc.net_in,
         }
     }
 
@@ -246,6 +305,10 @@ impl Meter {
             let add = |base: i64, v: u64| (base + v as i64).max(0) as u64;
             p.disk_read = p.disk_read.max(add(p.disk_read_base, raw.read));
             p.disk_write = p.disk_write.max(add(p.disk_write_base, raw.write));
+            if let Some((o, i)) = raw.net {
+                p.net_egress = p.net_egress.max(add(p.net_egress_base, o));
+                p.net_ingress = p.net_ingress.max(add(p.net_ingress_base, i));
+            }
         }
         let p = st.persisted;
         let (weighted, span) = match &st.lifetime_mem {
@@ -264,8 +327,8 @@ impl Meter {
             memory_avg_bytes: avg,
             disk_read_bytes: p.disk_read,
             disk_write_bytes: p.disk_write,
-            network_egress_bytes: 0,
-            network_ingress_bytes: 0,
+            network_egress_bytes: p.net_egress,
+            network_ingress_bytes: p.net_ingress,
         }
     }
 
@@ -292,6 +355,8 @@ impl Meter {
             // Same device: its counters now are the zero point.
             disk_read_base: -(raw.map_or(0, |r| r.read) as i64),
             disk_write_base: -(raw.map_or(0, |r| r.write) as i64),
+            net_egress_base: -(raw.and_then(|r| r.net).map_or(0, |n| n.0) as i64),
+            net_ingress_base: -(raw.and_then(|r| r.net).map_or(0, |n| n.1) as i64),
             ..Default::default()
         };
         st.lifetime_mem = None;

@@ -12,6 +12,17 @@ pub enum Error {
     /// No sandbox with that id.
     #[error("sandbox {0} not found")]
     NotFound(String),
+    /// No such egress grant on the sandbox (or no longer: it expired).
+    #[error("sandbox {id} has no egress grant {grant}")]
+    NoSuchGrant {
+        /// The sandbox.
+        id: String,
+        /// The grant asked for.
+        grant: String,
+    },
+    /// The node does not serve this (not configured here, or not built yet).
+    #[error("{0}")]
+    Unimplemented(String),
     /// The sandbox is in a state that does not allow the call.
     #[error("sandbox {id} is {state}")]
     FailedPrecondition {

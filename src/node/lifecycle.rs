@@ -100,6 +100,7 @@ impl Node {
             sh.into_iter().chain(["-c".into(), script]).collect()
         };
         let host = self.host_limits(&sb.limits);
+        let (netns, hosts) = self.network_of(sb).unzip();
         spec::sandbox_spec(&spec::SandboxSpec {
             hostname: format!("sandbox-{}", &sb.id[..8]),
             init_args,
@@ -122,6 +123,8 @@ impl Node {
             cpu_quota: host.cpu_quota,
             memory_limit: host.memory_limit,
             pids_limit: host.pids_limit,
+            netns,
+            hosts,
         })
     }
 
@@ -187,6 +190,7 @@ impl Node {
     ) -> Result<[Duration; 3]> {
         let rt = &self.inner.rt;
         let t0 = Instant::now();
+        self.network_up(sb).await?;
         // Put the image's environment into the container's spec, in place: deleting and
         // re-creating the container would lose the record to a crash in between.
         rt.set_spec(&sb.id, self.spec_for(sb, &image.env)).await?;
@@ -324,6 +328,7 @@ impl Node {
         }
         let usage = self.usage(&sb).await;
         self.inner.rt.teardown(&sb.id).await?;
+        self.network_down(&sb).await;
         self.agent_gone(&sb.id).await;
         let tomb = record::Tombstone::new(
             sb.definition(),

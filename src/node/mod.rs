@@ -28,6 +28,7 @@ mod helpers;
 pub mod info;
 mod lifecycle;
 mod meter_loop;
+mod network;
 pub mod platform;
 mod pool;
 pub mod record;
@@ -53,6 +54,7 @@ use crate::{volume, workspace};
 pub use create::CreateRequest;
 pub use error::Error;
 pub use helpers::elf_interpreter;
+pub use network::{Egress, Ended, Grant, MAX_GRANT_TTL_SECS};
 pub use record::Tombstone;
 pub use sandbox::{Definition, Limits, Resolved, Sandbox, State, Status, WorkspaceSpec};
 
@@ -106,6 +108,8 @@ struct Inner {
     warming: Mutex<std::collections::HashSet<String>>,
     /// The platform API's sandboxes: run logs, workloads, deletions.
     platform: platform::State,
+    /// Sandbox networks (`[egress]`); None: sandboxes have none.
+    net: Option<network::Net>,
 }
 
 /// What ends one agent link.
@@ -154,6 +158,11 @@ impl Node {
             crate::relay::auth::Credentials::path_in(&cfg.state_dir),
         );
         let tasks = Tasks::new();
+        // The configuration was validated: a layout that does not build means no networks.
+        let net = network::Net::new(&cfg).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "sandbox networks off");
+            None
+        });
         Self {
             inner: Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
                 // A network worker may never take the id of a sandbox this node knows (live,
@@ -192,6 +201,7 @@ impl Node {
                     agent_links: Mutex::default(),
                     warming: Mutex::default(),
                     platform: platform::State::default(),
+                    net,
                 }
             }),
         }
@@ -299,7 +309,9 @@ impl Node {
         let dirs = std::iter::once(paths.data.clone())
             .chain((1..=def.extra_mounts().len()).map(|i| paths.extra(i).data))
             .collect();
-        Arc::new(Meter::new(self.cgroup(&def.id), dirs, persisted))
+        Arc::new(
+            Meter::new(self.cgroup(&def.id), dirs, persisted).with_network(self.network_iface(def)),
+        )
     }
 
     /// A sandbox of `def` in `state`, with its meter and a cancellation token of its own.

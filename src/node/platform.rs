@@ -24,6 +24,7 @@ use super::exec::{ExecEvent, ExecRequest};
 use super::runlog::{Kind, Marker, RunLog};
 use super::{blocking, record, Error, Node, Result, Sandbox, Status};
 use crate::flow::Hold;
+use crate::metering::Usage;
 use crate::volume;
 
 /// The max lifetime of a platform sandbox whose environment sets none (0 = no limit).
@@ -60,6 +61,10 @@ pub struct PlatformSpec {
     /// The environment's base egress policy, as the platform stores it (JSON; issue 20).
     #[serde(default)]
     pub egress: Option<serde_json::Value>,
+    /// Its network's slot in the node's pool (None: no network; the node had no `[egress]`
+    /// when it was made).
+    #[serde(default)]
+    pub network: Option<u32>,
     /// The idempotency key it was created with, if any.
     #[serde(default)]
     pub idempotency_key: String,
@@ -93,42 +98,14 @@ pub struct ExtraMount {
     pub read_only: bool,
 }
 
-/// Label values are kept under containerd's 4 KiB limit per label: a spec is split.
-const LABEL_CHUNK: usize = 3000;
-
 /// The labels that record `spec` (its JSON in chunks `platform-0`, `platform-1`, ...).
 pub fn spec_labels(spec: &PlatformSpec) -> HashMap<String, String> {
-    let json = serde_json::to_string(spec).unwrap_or_default();
-    let mut out = HashMap::new();
-    let mut rest = json.as_str();
-    let mut i = 0;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(LABEL_CHUNK);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.insert(
-            record::label(&format!("platform-{i}")),
-            rest[..cut].to_string(),
-        );
-        rest = &rest[cut..];
-        i += 1;
-    }
-    out.insert(record::label("platform-chunks"), i.to_string());
-    out
+    record::chunk_labels("platform", &serde_json::to_string(spec).unwrap_or_default())
 }
 
 /// The spec recorded in `labels`, if any (and whole).
 pub fn spec_of_labels(labels: &HashMap<String, String>) -> Option<PlatformSpec> {
-    let n: usize = labels
-        .get(&record::label("platform-chunks"))?
-        .parse()
-        .ok()?;
-    let mut json = String::new();
-    for i in 0..n {
-        json.push_str(labels.get(&record::label(&format!("platform-{i}")))?);
-    }
-    serde_json::from_str(&json).ok()
+    serde_json::from_str(&record::unchunk_labels("platform", labels)?).ok()
 }
 
 /// What the workload of a sandbox is doing.
@@ -314,11 +291,42 @@ impl Node {
     /// CreateSandbox of the platform API: a node sandbox with `req.platform` set, its created
     /// marker written, its workload and lifecycle watch started.
     #[instrument(skip_all, fields(namespace = req.platform.as_ref().map(|p| p.namespace.as_str()).unwrap_or("")))]
-    pub async fn create_platform(&self, req: super::CreateRequest) -> Result<Arc<Sandbox>> {
-        let Some(spec) = req.platform.clone() else {
+    pub async fn create_platform(&self, mut req: super::CreateRequest) -> Result<Arc<Sandbox>> {
+        let Some(mut spec) = req.platform.clone() else {
             return Err(Error::InvalidArgument("not a platform request".into()));
         };
-        let sb = self.create(req).await?;
+        // On a node with networks, every platform sandbox gets one (deny-all but for its base
+        // policy), so that grants can open it later.
+        let slot = if self.egress_configured() {
+            if let Some(base) = spec
+                .egress
+                .clone()
+                .and_then(|v| serde_json::from_value(v).ok())
+            {
+                super::network::check_policy(&base)?;
+            }
+            let slot = self.allocate_network()?;
+            Arc::make_mut(&mut spec).network = slot;
+            req.platform = Some(spec.clone());
+            slot
+        } else {
+            None
+        };
+        let sb = match self.create(req).await {
+            Ok(sb) => sb,
+            Err(e) => {
+                if let Some(s) = slot {
+                    self.release_network(s);
+                }
+                return Err(e);
+            }
+        };
+        // A retry with the same idempotency key got the first sandbox (and its network).
+        if let Some(s) = slot {
+            if sb.platform.as_ref().and_then(|p| p.network) != Some(s) {
+                self.release_network(s);
+            }
+        }
         // A retry with the same idempotency key gets the first sandbox: started already.
         if self.run_log(&sb.id).await?.tip() > 0 {
             return Ok(sb);
@@ -567,7 +575,7 @@ impl Node {
     /// workspace at once, removes its record and tombstone, revokes its agent's credentials,
     /// and ends its run log with the deleted marker. A compute.v1 sandbox is refused.
     #[instrument(skip_all, fields(sandbox_id = %id))]
-    pub async fn delete_platform(&self, id: &str) -> Result<()> {
+    pub async fn delete_platform(&self, id: &str) -> Result<Usage> {
         let sb = self.get(id)?;
         if sb.platform.is_none() {
             return Err(Error::FailedPrecondition {
@@ -586,7 +594,7 @@ impl Node {
             .rt
             .kill(&sb.id, nix::sys::signal::Signal::SIGKILL)
             .await;
-        self.destroy(&sb.id).await?;
+        let (_, usage) = self.destroy(&sb.id).await?;
         let paths = self.paths(&sb.id);
         blocking(move || volume::delete(&paths))
             .await?
@@ -615,7 +623,7 @@ impl Node {
             lock(&node.inner.platform.deleting).remove(&id);
         });
         info!(sandbox_id = %sb.id, "platform sandbox deleted");
-        Ok(())
+        Ok(usage)
     }
 
     /// Every sandbox the platform shows (platform ones and compute.v1 ones; not pool members,
@@ -666,7 +674,7 @@ mod tests {
         }
         let l = spec_labels(&spec);
         assert!(l.len() > 3, "{}", l.len());
-        assert!(l.values().all(|v| v.len() <= LABEL_CHUNK));
+        assert!(l.values().all(|v| v.len() <= record::LABEL_CHUNK));
         assert_eq!(spec_of_labels(&l), Some(spec));
         let mut torn = l.clone();
         torn.remove(&record::label("platform-1"));

@@ -85,12 +85,12 @@ impl Node {
     /// mount path) is the member's; limits always fit, as they are applied to the running
     /// cgroup. Anything failing along the way retires the member and ends in `Miss`.
     pub(super) async fn claim(&self, want: &Resolved) -> Result<Claim> {
-        // A member's OCI spec has one read-write workspace mount: more mounts, or a read-only
-        // one, need a sandbox of their own.
+        // A member's OCI spec has one read-write workspace mount and no network: more mounts,
+        // a read-only one or a network need a sandbox of their own.
         let plain = want
             .platform
             .as_deref()
-            .is_none_or(super::platform::PlatformSpec::plain_workspace);
+            .is_none_or(|p| p.plain_workspace() && p.network.is_none());
         if !self.pool_enabled() || !plain {
             return Ok(Claim::Miss);
         }

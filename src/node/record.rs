@@ -27,6 +27,41 @@ fn parse_time(s: &str) -> Option<SystemTime> {
         .map(|d| SystemTime::from(d.with_timezone(&chrono::Utc)))
 }
 
+/// Label values are kept under containerd's 4 KiB limit per label: a long value is split.
+pub(super) const LABEL_CHUNK: usize = 3000;
+
+/// The labels that record `value` under `name`: chunks `name-0`, `name-1`, ... and their count
+/// in `name-chunks`.
+pub fn chunk_labels(name: &str, value: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut rest = value;
+    let mut i = 0;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(LABEL_CHUNK);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.insert(label(&format!("{name}-{i}")), rest[..cut].to_string());
+        rest = &rest[cut..];
+        i += 1;
+    }
+    out.insert(label(&format!("{name}-chunks")), i.to_string());
+    out
+}
+
+/// The value [`chunk_labels`] recorded under `name`, if whole.
+pub fn unchunk_labels(name: &str, labels: &HashMap<String, String>) -> Option<String> {
+    let n: usize = labels
+        .get(&label(&format!("{name}-chunks")))?
+        .parse()
+        .ok()?;
+    let mut v = String::new();
+    for i in 0..n {
+        v.push_str(labels.get(&label(&format!("{name}-{i}")))?);
+    }
+    Some(v)
+}
+
 /// The labels that record `def`.
 pub fn labels(def: &Definition) -> HashMap<String, String> {
     HashMap::from([

@@ -67,6 +67,7 @@ impl Node {
             // Before the agent's link is up: a workload it still runs is taken up from its
             // first frame.
             if sb.platform.is_some() {
+                self.recover_network(&sb, &r.labels);
                 self.recover_platform(sb.clone()).await;
             }
             match sb.status() {
@@ -85,6 +86,8 @@ impl Node {
             }
             n += 1;
         }
+        // The table from the records, before any sandbox's traffic is let through again.
+        self.rebuild_network().await?;
         self.recover_tombstones().await?;
         self.gc_run_logs().await;
         Ok(n)

@@ -98,6 +98,7 @@ pub fn exit_of(c: &Completed) -> Exit {
         code,
         termination: termination as i32,
         signal,
+        usage: Some(c.usage.into()),
     }
 }
 
@@ -190,6 +191,7 @@ async fn pump_output(
                     code: -1,
                     termination: pb::Termination::Lost as i32,
                     signal: 0,
+                    usage: None,
                 };
                 let _ = tx.send(out(Msg::Exit(lost))).await;
                 return;

@@ -98,6 +98,7 @@ pub(super) fn namespace_of(sb: &Sandbox) -> &str {
 /// The API's view of node sandbox `sb`.
 pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
     let st = sb.state();
+    let live = node.egress(&sb.id);
     let deleting = node.is_deleting(&sb.id);
     let workload = node.workload(&sb.id).borrow().clone();
     let state = state_of(st.status);
@@ -149,13 +150,16 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
                 size: size.to_string(),
             })
             .collect(),
-        egress_base: spec
-            .egress
-            .clone()
-            .and_then(|v| serde_json::from_value::<records::EgressPolicy>(v).ok())
-            .map(|e| super::service::egress_pb(&e)),
-        egress_grants: Vec::new(),
+        // What is enforced now: none without a network (a node without `[egress]` gives
+        // none, whatever the environment asks: the sandbox reaches nothing).
+        egress_base: live.as_ref().map(|e| super::service::egress_pb(&e.base)),
+        egress_grants: live
+            .as_ref()
+            .map(|e| e.grants.iter().map(grant_pb).collect())
+            .unwrap_or_default(),
         exposures: Vec::new(),
+        // GetSandbox fills it (a reading of the meter).
+        usage: None,
         idle_suspend_sec: spec.idle_suspend_sec,
         max_lifetime_sec: spec.max_lifetime_sec,
         run: 1,
@@ -396,10 +400,14 @@ impl Platform {
             labels: r.labels.clone().into_iter().collect(),
             max_lifetime_sec: env.max_lifetime_sec,
             idle_suspend_sec: env.idle_suspend_sec,
-            egress: env
-                .egress
-                .as_ref()
+            // The request's base policy, else the environment's (none: deny-all).
+            egress: super::service::egress_of(&r.egress)?
+                .map(|e| e.check().map(|_| e))
+                .transpose()?
+                .or_else(|| env.egress.clone())
                 .and_then(|e| serde_json::to_value(e).ok()),
+            // The node gives it one when it has networks.
+            network: None,
             idempotency_key: r.idempotency_key.clone(),
             read_only: mount.is_some_and(|m| m.read_only),
             mounts: extra,
@@ -457,7 +465,11 @@ impl Platform {
         match self.backend()? {
             Backend::Node(node) => {
                 let (_, sb) = self.find(node, &req, method, &id).await?;
-                Ok(Response::new(sandbox_pb(node, &sb)))
+                let mut out = sandbox_pb(node, &sb);
+                // Get reads the meter now; List and Watch leave usage unset (a page of
+                // sandboxes would read every one's cgroup).
+                out.usage = Some(node.usage(&sb).await.into());
+                Ok(Response::new(out))
             }
             Backend::Cluster(c) => {
                 let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
@@ -482,7 +494,9 @@ impl Platform {
                     .delete_platform(&sb.id)
                     .await
                     .map_err(Error::from)
-                    .map(|_| pb::DeleteSandboxResponse {});
+                    .map(|u| pb::DeleteSandboxResponse {
+                        total_usage: Some(u.into()),
+                    });
                 self.write(&p, method, &ns, &id, r).await.map(Response::new)
             }
             Backend::Cluster(c) => {
@@ -944,6 +958,143 @@ impl Platform {
         }
         Err(last)
     }
+}
+
+/// A grant as the API shows it.
+pub fn grant_pb(g: &node::Grant) -> pb::EgressGrant {
+    let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+    pb::EgressGrant {
+        grant_id: g.id.clone(),
+        policy: Some(super::service::egress_pb(&g.policy)),
+        created_at: Some(timestamp(at(g.created_at_ms))),
+        expires_at: (g.expires_at_ms != 0).then(|| timestamp(at(g.expires_at_ms))),
+        reason: g.reason.clone(),
+        granted_by: g.granted_by.clone(),
+    }
+}
+
+impl Platform {
+    /// GrantEgress: one more grant on a networked sandbox, in force at once; audited with its
+    /// id, TTL and reason.
+    pub(super) async fn grant_egress_here(
+        &self,
+        req: Request<pb::GrantEgressRequest>,
+        method: &str,
+    ) -> Result<Response<pb::GrantEgressResponse>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (p, sb) = self.find(node, &req, method, &id).await?;
+                let ns = namespace_of(&sb).to_string();
+                let r = req.get_ref();
+                let granted = async {
+                    read_only(&sb)?;
+                    let policy = super::service::egress_of(&r.policy)?.ok_or_else(|| {
+                        Error::from(node::Error::InvalidArgument("policy is required".into()))
+                    })?;
+                    node.grant_egress(
+                        &sb.id,
+                        policy,
+                        r.ttl_sec,
+                        r.reason.clone(),
+                        p.name().to_string(),
+                    )
+                    .await
+                    .map_err(Error::from)
+                }
+                .await;
+                let ttl = r.ttl_sec;
+                let out = self
+                    .write_noted(&p, method, &ns, &id, granted, |g| {
+                        format!(
+                            "grant {} ttl_sec {ttl}: {}",
+                            g.id,
+                            g.reason.chars().take(500).collect::<String>()
+                        )
+                    })
+                    .await?;
+                Ok(Response::new(pb::GrantEgressResponse {
+                    grant_id: out.id.clone(),
+                    grant: Some(grant_pb(&out)),
+                }))
+            }
+            Backend::Cluster(c) => {
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let r = cl.grant_egress(q).await.map(|r| r.into_inner());
+                self.write_status(&p, method, "", &id, r)
+                    .await
+                    .map(Response::new)
+            }
+        }
+    }
+
+    /// RevokeEgress: removes one grant and cuts its connections; audited with the bytes the
+    /// sandbox moved while it was active.
+    pub(super) async fn revoke_egress_here(
+        &self,
+        req: Request<pb::RevokeEgressRequest>,
+        method: &str,
+    ) -> Result<Response<pb::RevokeEgressResponse>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (p, sb) = self.find(node, &req, method, &id).await?;
+                let ns = namespace_of(&sb).to_string();
+                let gid = req.get_ref().grant_id.clone();
+                let ended = async {
+                    read_only(&sb)?;
+                    if gid.is_empty() {
+                        return Err(
+                            node::Error::InvalidArgument("grant_id is required".into()).into()
+                        );
+                    }
+                    node.revoke_egress(&sb.id, &gid).await.map_err(Error::from)
+                }
+                .await;
+                self.write_noted(&p, method, &ns, &id, ended, |e| ended_detail(e, "revoked"))
+                    .await?;
+                Ok(Response::new(pb::RevokeEgressResponse {}))
+            }
+            Backend::Cluster(c) => {
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let r = cl.revoke_egress(q).await.map(|r| r.into_inner());
+                self.write_status(&p, method, "", &id, r)
+                    .await
+                    .map(Response::new)
+            }
+        }
+    }
+
+    /// Audits the end of every grant that expires on this node (with the bytes it saw), for
+    /// as long as the node runs.
+    pub fn audit_grant_expiries(&self, node: &Node) {
+        let Some(mut rx) = node.take_ended_grants() else {
+            return;
+        };
+        let me = self.clone();
+        node.tasks().spawn(async move {
+            while let Some((ns, id, ended)) = rx.recv().await {
+                me.note(
+                    "node",
+                    "/platform.v1.SandboxService/GrantEgress",
+                    &ns,
+                    &id,
+                    ended_detail(&ended, "expired"),
+                )
+                .await;
+            }
+        });
+    }
+}
+
+/// The audit detail of a grant's end.
+fn ended_detail(e: &node::Ended, how: &str) -> String {
+    format!(
+        "grant {} {how}: {} bytes egress, {} bytes ingress while active",
+        e.grant.id, e.egress_bytes, e.ingress_bytes
+    )
 }
 
 #[cfg(test)]

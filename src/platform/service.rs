@@ -92,7 +92,6 @@ type Result<T> = std::result::Result<T, Error>;
 fn later(method: &str) -> String {
     let name = method.rsplit('/').next().unwrap_or(method);
     let what = match name {
-        "GrantEgress" | "RevokeEgress" => "egress grants (issue 20)",
         "ExposeSandboxPort" | "UnexposeSandboxPort" => "preview URLs (issue 21)",
         _ => "durable workspaces (issue 22)",
     };
@@ -175,6 +174,9 @@ impl Platform {
     /// The same services with their sandboxes on `backend` (this node's, or the router's
     /// nodes).
     pub fn with_sandboxes(mut self, backend: super::sandboxes::Backend) -> Self {
+        if let super::sandboxes::Backend::Node(node) = &backend {
+            self.audit_grant_expiries(node);
+        }
         self.sandboxes = Some(backend);
         self
     }
@@ -269,6 +271,51 @@ impl Platform {
         };
         if let Err(e) = self.records.store().audit(ev).await {
             warn!(error = %e, method, "could not write the audit log");
+        }
+    }
+
+    /// An audit event of something that happened (OK) with what it was.
+    pub(super) async fn note(
+        &self,
+        principal: &str,
+        method: &str,
+        namespace: &str,
+        resource: &str,
+        detail: String,
+    ) {
+        let ev = AuditEvent {
+            seq: 0,
+            time: records::now(),
+            principal: principal.to_string(),
+            method: method.to_string(),
+            namespace: namespace.to_string(),
+            resource: resource.to_string(),
+            outcome: Outcome::Ok,
+            code: String::new(),
+            detail,
+        };
+        if let Err(e) = self.records.store().audit(ev).await {
+            warn!(error = %e, method, "could not write the audit log");
+        }
+    }
+
+    /// [`Platform::write`], with what an OK write did in its audit event's detail.
+    pub(super) async fn write_noted<T>(
+        &self,
+        p: &Principal,
+        method: &str,
+        namespace: &str,
+        resource: &str,
+        r: Result<T>,
+        detail: impl FnOnce(&T) -> String,
+    ) -> std::result::Result<T, Status> {
+        match r {
+            Ok(v) => {
+                self.note(p.name(), method, namespace, resource, detail(&v))
+                    .await;
+                Ok(v)
+            }
+            Err(e) => self.write(p, method, namespace, resource, Err(e)).await,
         }
     }
 
@@ -381,7 +428,7 @@ pub(super) fn mounts_of(m: &[pb::WorkspaceMount]) -> Vec<records::Mount> {
         .collect()
 }
 
-fn egress_of(e: &Option<pb::EgressPolicy>) -> Result<Option<records::EgressPolicy>> {
+pub(super) fn egress_of(e: &Option<pb::EgressPolicy>) -> Result<Option<records::EgressPolicy>> {
     let Some(e) = e else { return Ok(None) };
     let mut rules = Vec::new();
     for r in &e.rules {
@@ -1094,13 +1141,15 @@ impl pb::sandbox_service_server::SandboxService for Platform {
         &self,
         req: Request<pb::GrantEgressRequest>,
     ) -> std::result::Result<Response<pb::GrantEgressResponse>, Status> {
-        not_yet!(self, req, "SandboxService", "GrantEgress")
+        self.grant_egress_here(req, method!("SandboxService", "GrantEgress"))
+            .await
     }
     async fn revoke_egress(
         &self,
         req: Request<pb::RevokeEgressRequest>,
     ) -> std::result::Result<Response<pb::RevokeEgressResponse>, Status> {
-        not_yet!(self, req, "SandboxService", "RevokeEgress")
+        self.revoke_egress_here(req, method!("SandboxService", "RevokeEgress"))
+            .await
     }
     async fn expose_sandbox_port(
         &self,
@@ -1189,7 +1238,7 @@ mod tests {
                 assert!(l.contains("(issue 1") || l.contains("(issue 2"), "{m}: {l}");
             }
         }
-        assert!(later("/platform.v1.SandboxService/GrantEgress").contains("issue 20"));
+        assert!(later("/platform.v1.SandboxService/ExposeSandboxPort").contains("issue 21"));
     }
 
     #[test]

@@ -132,7 +132,8 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
     };
     let bin_dir = cfg.state_dir.join("bin");
     std::fs::create_dir_all(&bin_dir).map_err(io_err("create", &bin_dir))?;
-    let mut flags: Vec<String> = vec!["--network=none".into()];
+    // The wrapper adds the network flag per container; gVisor's shim takes it from its TOML.
+    let mut flags: Vec<String> = Vec::new();
     // Writes to the image's root filesystem stay in the sandbox's memory (counted against its
     // memory limit), not in the snapshot on the host's disk, where nothing would cap them.
     // The workspace bind mount is not overlaid: it stays shared with the host.
@@ -149,6 +150,9 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
         RuntimeKind::RunscShim => {
             let toml_path = bin_dir.join("runsc.toml");
             let mut toml = String::from("# Written by computed.\nbinary_name = ");
+            let flags: Vec<String> = std::iter::once("--network=none".to_string())
+                .chain(flags.iter().cloned())
+                .collect();
             toml.push_str(&format!(
                 "{:?}\n[runsc_config]\n",
                 cfg.runsc_path.display().to_string()
@@ -177,7 +181,7 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
         }
         _ => {
             let wrapper = bin_dir.join("runsc-compute");
-            let script = spec::wrapper_script(&cfg.runsc_path, &flags);
+            let script = spec::wrapper_script(&cfg.runsc_path, &flags, &cfg.run_dir.join("net"));
             write_if_changed(&wrapper, script.as_bytes(), 0o755)?;
             let opts = RuncOptions {
                 binary_name: wrapper.display().to_string(),

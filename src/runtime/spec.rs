@@ -55,6 +55,11 @@ pub struct SandboxSpec<'a> {
     pub memory_limit: i64,
     /// pids limit.
     pub pids_limit: i64,
+    /// The network namespace it joins (runsc `--network=sandbox` then takes its interface);
+    /// None: a namespace of its own with nothing in it.
+    pub netns: Option<std::path::PathBuf>,
+    /// A file bind-mounted read-only at `/etc/hosts` (its own name and address).
+    pub hosts: Option<std::path::PathBuf>,
 }
 
 /// A host directory bind-mounted into a sandbox.
@@ -103,6 +108,10 @@ pub fn sandbox_spec(s: &SandboxSpec<'_>) -> Vec<u8> {
     for m in &s.extra_mounts {
         mounts.push(bind(&m.source, &m.destination, m.read_only));
     }
+    if let Some(h) = &s.hosts {
+        mounts.push(json!({"destination": "/etc/hosts", "type": "bind",
+            "source": h.display().to_string(), "options": ["rbind", "ro"]}));
+    }
     if let Some(h) = s.helpers_dir {
         mounts.push(json!({"destination": "/.compute", "type": "bind",
             "source": h.display().to_string(), "options": ["rbind", "ro"]}));
@@ -131,7 +140,10 @@ pub fn sandbox_spec(s: &SandboxSpec<'_>) -> Vec<u8> {
             },
             "namespaces": [
                 {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
-                {"type": "network"}
+                match &s.netns {
+                    Some(p) => json!({"type": "network", "path": p.display().to_string()}),
+                    None => json!({"type": "network"}),
+                }
             ],
             "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list"],
             "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger"]
@@ -162,23 +174,43 @@ pub fn exec_process(
     serde_json::to_vec(&p).unwrap_or_default()
 }
 
-/// The runsc wrapper the runc v2 shim runs as its `binary_name`: every call goes to runsc with
-/// our global flags first.
-pub fn wrapper_script(runsc: &Path, flags: &[String]) -> String {
-    let quoted: Vec<String> = flags
-        .iter()
-        .map(|f| format!("'{}'", f.replace('\'', "'\\''")))
-        .collect();
+/// The runsc wrapper containerd's runc v2 shim runs as its runc: runsc with `flags`, and
+/// `--network=none` unless one of its arguments names a file in `net_dir` (a container with a
+/// network: the node's sandbox networks, [`crate::egress`]), which gets `--network=sandbox`.
+/// Such a container's `start` and `restore` run in a mount namespace of their own with a tmpfs
+/// over `/proc/sys` holding only `vm/mmap_min_addr`: this runsc takes a namespace where
+/// `/proc/sys/net/core/rmem_default` exists for the host's own and refuses it (DESIGN.md).
+pub fn wrapper_script(runsc: &Path, flags: &[String], net_dir: &Path) -> String {
+    let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let flags: Vec<String> = flags.iter().map(|f| q(f)).collect();
+    let flags = flags.join(" ");
+    let runsc = q(&runsc.display().to_string());
+    let dir = q(&net_dir.display().to_string());
     // runc's shim passes runc's own checkpoint and restore flags, which runsc does not know:
     // `--work-path DIR` (CRIU's work directory) and `-no-subreaper`. They are dropped.
     format!(
-        "#!/bin/sh\n# Written by computed: runsc for containerd's runc v2 shim.\n\
-         skip=\nfor a do\n  shift\n  if [ -n \"$skip\" ]; then skip=; continue; fi\n  \
-         case $a in\n    --work-path|-work-path) skip=1; continue ;;\n    \
-         --work-path=*|-work-path=*|-no-subreaper|--no-subreaper) continue ;;\n  esac\n  \
-         set -- \"$@\" \"$a\"\ndone\nexec '{}' {} \"$@\"\n",
-        runsc.display().to_string().replace('\'', "'\\''"),
-        quoted.join(" ")
+        r#"#!/bin/sh
+# Written by computed: runsc for containerd's runc v2 shim.
+net=--network=none
+sub=
+skip=
+for a do
+  shift
+  if [ -n "$skip" ]; then skip=; continue; fi
+  case $a in
+    --work-path|-work-path) skip=1; continue ;;
+    --work-path=*|-work-path=*|-no-subreaper|--no-subreaper) continue ;;
+    start|restore) [ -z "$sub" ] && sub=$a ;;
+    */*|-*) ;;
+    *) [ -e {dir}/"$a" ] && net=--network=sandbox ;;
+  esac
+  set -- "$@" "$a"
+done
+if [ "$net" = --network=sandbox ] && [ -n "$sub" ]; then
+  exec unshare -m --propagation private /bin/sh -c 'm=$(cat /proc/sys/vm/mmap_min_addr) && mount -t tmpfs -o size=64k tmpfs /proc/sys && mkdir /proc/sys/vm && echo "$m" > /proc/sys/vm/mmap_min_addr && exec "$@"' runsc {runsc} "$net" {flags} "$@"
+fi
+exec {runsc} "$net" {flags} "$@"
+"#
     )
 }
 
@@ -206,6 +238,8 @@ mod tests {
             cpu_quota: 25000,
             memory_limit: 1 << 30,
             pids_limit: 100,
+            netns: Some("/run/netns/cs-7".into()),
+            hosts: Some("/run/compute/net/x.hosts".into()),
         };
         let v: Value = serde_json::from_slice(&sandbox_spec(&s)).unwrap();
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 25000);
@@ -224,6 +258,9 @@ mod tests {
             "/var/lib/compute/workspaces/x/mounts/1/data"
         );
         assert_eq!(at("/data")["options"][1], "ro");
+        assert_eq!(at("/etc/hosts")["options"][1], "ro");
+        let ns = v["linux"]["namespaces"].as_array().unwrap();
+        assert!(ns.contains(&json!({"type": "network", "path": "/run/netns/cs-7"})));
     }
 
     #[test]
@@ -244,7 +281,17 @@ mod tests {
 
     #[test]
     fn wrapper_quotes_flags() {
-        let w = wrapper_script(Path::new("/usr/bin/runsc"), &["--network=none".into()]);
-        assert!(w.contains("exec '/usr/bin/runsc' '--network=none' \"$@\""));
+        let w = wrapper_script(
+            Path::new("/usr/bin/runsc"),
+            &["--overlay2=root:memory".into(), "--x='y'".into()],
+            Path::new("/run/compute/net"),
+        );
+        assert!(
+            w.contains(
+                r#"exec '/usr/bin/runsc' "$net" '--overlay2=root:memory' '--x='\''y'\''' "$@""#
+            ),
+            "{w}"
+        );
+        assert!(w.contains(r#"[ -e '/run/compute/net'/"$a" ]"#), "{w}");
     }
 }

@@ -1,0 +1,919 @@
+//! Sandbox networks (issue 20): a platform sandbox on a node with `[egress]` configured gets its
+//! own network namespace and a veth pair (a /30 of the pool; the host side's interface is named
+//! after its slot), runsc runs it with `--network=sandbox` in that namespace, and the node's
+//! nft table ([`crate::egress`]) decides what it reaches: nothing but what its base policy
+//! (its environment's `egress`) and its live grants open, never the node, other sandboxes or
+//! the never-reachable list.
+//!
+//! The record: the slot is in the sandbox's platform spec (its labels), the grants in labels
+//! of their own (`egress-grants-N`), so that a restart rebuilds the whole table from
+//! containerd ([`Node::rebuild_network`]). The kernel's state is derived, never the record: the
+//! table is replaced in one transaction at start, and a sandbox's elements are replaced in one
+//! transaction at each change. Bytes are the veth's own counters (the host side's rx is the
+//! sandbox's egress, tx its ingress), at the IP layer (each frame's 14-byte Ethernet header
+//! taken off); they outlive a daemon restart with the veth.
+//!
+//! A revoked or expired grant's connections are cut: their conntrack entries go, so that their
+//! next packet meets the grants again (and a TCP reset).
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::{blocking, record, Error, Node, Result, Sandbox};
+use crate::egress::{self, Allow, Cidr, Element, Layout};
+use crate::platform::records::EgressPolicy;
+
+/// The longest grant TTL (a day).
+pub const MAX_GRANT_TTL_SECS: u32 = 86_400;
+
+/// Most live grants of one sandbox.
+pub const MAX_GRANTS: usize = 64;
+
+/// Where network namespaces are bound (as `ip netns` does).
+const NETNS_DIR: &str = "/run/netns";
+
+/// One grant on top of a sandbox's base policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// Its id.
+    pub id: String,
+    /// What it opens.
+    pub policy: EgressPolicy,
+    /// Milliseconds since the epoch.
+    pub created_at_ms: u64,
+    /// Milliseconds since the epoch; 0 = no expiry.
+    #[serde(default)]
+    pub expires_at_ms: u64,
+    /// Why (in the audit log too).
+    #[serde(default)]
+    pub reason: String,
+    /// The principal that granted it.
+    #[serde(default)]
+    pub granted_by: String,
+    /// The sandbox's egress and ingress bytes when it was granted.
+    #[serde(default)]
+    pub bytes_at_grant: [u64; 2],
+}
+
+impl Grant {
+    /// Whether it has expired at `now_ms`.
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
+    }
+}
+
+/// What ended a grant, and the bytes the sandbox moved while it was active.
+#[derive(Debug, Clone)]
+pub struct Ended {
+    /// The grant.
+    pub grant: Grant,
+    /// Egress bytes while it was active.
+    pub egress_bytes: u64,
+    /// Ingress bytes while it was active.
+    pub ingress_bytes: u64,
+}
+
+/// A sandbox's egress as it is enforced now: its base policy and its active grants.
+#[derive(Debug, Clone, Default)]
+pub struct Egress {
+    /// The base policy.
+    pub base: EgressPolicy,
+    /// The active grants (expired ones left out).
+    pub grants: Vec<Grant>,
+}
+
+struct Binding {
+    slot: u32,
+    base: EgressPolicy,
+    grants: Vec<Grant>,
+    /// What is in the kernel now.
+    applied: Vec<Element>,
+}
+
+/// The node's sandbox networks.
+pub(super) struct Net {
+    pub layout: Layout,
+    /// `<run_dir>/net`: a file per networked sandbox id (what the runsc wrapper looks for),
+    /// and its `/etc/hosts`.
+    dir: PathBuf,
+    used: Mutex<BTreeSet<u32>>,
+    bindings: Mutex<HashMap<String, Binding>>,
+    /// One nft transaction at a time, in the order their changes were decided.
+    apply: tokio::sync::Mutex<()>,
+    /// Grants that expired (namespace, sandbox id, what ended), for the audit log.
+    ended_tx: tokio::sync::mpsc::UnboundedSender<(String, String, Ended)>,
+    ended_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, String, Ended)>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn internal(what: &str) -> impl Fn(String) -> Error + '_ {
+    move |e| Error::Internal(format!("{what}: {e}"))
+}
+
+/// Runs a command; its stderr is the error.
+fn run(cmd: &str, args: &[&str], stdin: Option<&str>) -> std::result::Result<String, String> {
+    let mut c = Command::new(cmd);
+    c.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().map_err(|e| format!("{cmd}: {e}"))?;
+    if let (Some(input), Some(mut w)) = (stdin, child.stdin.take()) {
+        w.write_all(input.as_bytes())
+            .map_err(|e| format!("{cmd}: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn nft(script: &str) -> std::result::Result<(), String> {
+    if script.is_empty() {
+        return Ok(());
+    }
+    run("nft", &["-f", "-"], Some(script)).map(|_| ())
+}
+
+/// The allows of a policy's CIDR rules (DNS-name rules are refused before they get here).
+fn allows_of(p: &EgressPolicy) -> Vec<Allow> {
+    let mut out = Vec::new();
+    for r in &p.rules {
+        if let Ok(c) = Cidr::parse(&r.destination) {
+            out.extend(Allow::of_rule(c, &r.ports, &r.protocol).unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// UNIMPLEMENTED for a policy naming DNS names: their DNS answering and the Host/SNI check on
+/// ports 53, 80 and 443 are not built yet. INVALID_ARGUMENT for a bad rule.
+pub fn check_policy(p: &EgressPolicy) -> Result<()> {
+    p.check()
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if let Some(r) = p
+        .rules
+        .iter()
+        .find(|r| Cidr::parse(&r.destination).is_err())
+    {
+        return Err(Error::Unimplemented(format!(
+            "egress to DNS names ({:?}) is not served yet: only CIDR rules are",
+            r.destination
+        )));
+    }
+    Ok(())
+}
+
+/// One conntrack entry's original direction: protocol, source, destination, ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Flow {
+    proto: egress::Proto,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+}
+
+/// The flows of `conntrack -L` output (the first tuple of each line is the original one).
+fn flows(listing: &str) -> Vec<Flow> {
+    let mut out = Vec::new();
+    for line in listing.lines() {
+        let mut words = line.split_whitespace();
+        let proto = match words.next() {
+            Some("tcp") => egress::Proto::Tcp,
+            Some("udp") => egress::Proto::Udp,
+            _ => continue,
+        };
+        let mut dst = None;
+        let mut sport = None;
+        let mut dport = None;
+        for w in line.split_whitespace() {
+            if let Some(v) = w.strip_prefix("dst=") {
+                dst = dst.or(v.parse().ok());
+            } else if let Some(v) = w.strip_prefix("sport=") {
+                sport = sport.or(v.parse().ok());
+            } else if let Some(v) = w.strip_prefix("dport=") {
+                dport = dport.or(v.parse().ok());
+            }
+        }
+        if let (Some(dst), Some(sport), Some(dport)) = (dst, sport, dport) {
+            out.push(Flow {
+                proto,
+                dst,
+                sport,
+                dport,
+            });
+        }
+    }
+    out
+}
+
+impl Net {
+    /// The node's networks from its configuration; None without `[egress]`.
+    pub fn new(cfg: &crate::config::Config) -> std::result::Result<Option<Net>, String> {
+        let Some(e) = &cfg.egress else {
+            return Ok(None);
+        };
+        let layout = Layout::new(&e.table, &e.iface_prefix, &e.pool, &e.uplink, &e.never)
+            .map_err(|e| format!("[egress]: {e}"))?;
+        let (ended_tx, ended_rx) = tokio::sync::mpsc::unbounded_channel();
+        Ok(Some(Net {
+            ended_tx,
+            ended_rx: Mutex::new(Some(ended_rx)),
+            layout,
+            dir: cfg.run_dir.join("net"),
+            used: Mutex::default(),
+            bindings: Mutex::default(),
+            apply: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// A free slot, now taken.
+    pub fn allocate(&self) -> Result<u32> {
+        let mut used = lock(&self.used);
+        let n = self.layout.slots();
+        let slot = (0..n).find(|s| !used.contains(s)).ok_or_else(|| {
+            Error::ResourceExhausted(format!(
+                "every sandbox network of the pool {} is taken",
+                self.layout.pool
+            ))
+        })?;
+        used.insert(slot);
+        Ok(slot)
+    }
+
+    /// Gives a slot back (a create that did not happen).
+    pub fn release(&self, slot: u32) {
+        lock(&self.used).remove(&slot);
+    }
+
+    fn netns(&self, slot: u32) -> PathBuf {
+        Path::new(NETNS_DIR).join(self.layout.iface(slot))
+    }
+
+    /// The network namespace a sandbox's spec names.
+    pub fn netns_path(&self, slot: u32) -> PathBuf {
+        self.netns(slot)
+    }
+
+    /// The `/etc/hosts` of sandbox `id`.
+    pub fn hosts_file(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.hosts"))
+    }
+
+    /// Makes the namespace, the veth pair with its addresses and routes, the wrapper's marker
+    /// and the sandbox's `/etc/hosts` (blocking; what exists already is kept). Returns whether
+    /// the veth is a new one (its counters start from zero).
+    fn make(&self, id: &str, slot: u32, hostname: &str) -> std::result::Result<bool, String> {
+        let iface = self.layout.iface(slot);
+        let (host, sandbox) = self.layout.addrs(slot);
+        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+        let ns = self.netns(slot);
+        if !ns.exists() {
+            run("ip", &["netns", "add", &iface], None)?;
+        }
+        let fresh = !egress::iface_exists(&iface);
+        if fresh {
+            let script = format!(
+                "link add {iface} type veth peer name eth0 netns {iface}\n\
+                 addr add {host}/30 dev {iface}\n\
+                 link set {iface} up\n"
+            );
+            run("ip", &["-batch", "-"], Some(&script))?;
+            let inside = format!(
+                "addr add {sandbox}/30 dev eth0\n\
+                 link set eth0 up\n\
+                 link set lo up\n\
+                 route add default via {host}\n"
+            );
+            run("ip", &["-n", &iface, "-batch", "-"], Some(&inside))?;
+        }
+        std::fs::write(
+            self.hosts_file(id),
+            format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n{sandbox}\t{hostname}\n"),
+        )
+        .map_err(|e| e.to_string())?;
+        std::fs::write(self.dir.join(id), ns.display().to_string()).map_err(|e| e.to_string())?;
+        Ok(fresh)
+    }
+
+    /// Removes what [`Net::make`] made (blocking; what is gone already is fine).
+    fn unmake(&self, id: &str, slot: u32) {
+        let iface = self.layout.iface(slot);
+        if self.netns(slot).exists() {
+            if let Err(e) = run("ip", &["netns", "del", &iface], None) {
+                warn!(sandbox_id = %id, error = %e, "could not delete the network namespace");
+            }
+        }
+        // The host side goes with its peer's namespace; a veth left behind (its peer moved
+        // out) is deleted.
+        if egress::iface_exists(&iface) {
+            let _ = run("ip", &["link", "del", &iface], None);
+        }
+        let _ = std::fs::remove_file(self.dir.join(id));
+        let _ = std::fs::remove_file(self.hosts_file(id));
+    }
+
+    /// The elements a binding needs now.
+    fn wanted(&self, b: &Binding) -> Vec<Element> {
+        let now = now_ms();
+        let mut allows: Vec<(Allow, Option<u64>)> =
+            allows_of(&b.base).into_iter().map(|a| (a, None)).collect();
+        for g in b.grants.iter().filter(|g| !g.expired(now)) {
+            let ttl = (g.expires_at_ms != 0).then(|| (g.expires_at_ms - now).div_ceil(1000));
+            allows.extend(allows_of(&g.policy).into_iter().map(|a| (a, ttl)));
+        }
+        egress::elements(&self.layout.iface(b.slot), &allows)
+    }
+
+    /// Cuts the connections of sandbox `slot` that what it may reach now (`elements`) no
+    /// longer opens.
+    fn cut(&self, slot: u32, elements: &[Element]) {
+        let (_, addr) = self.layout.addrs(slot);
+        let addr = addr.to_string();
+        let Ok(listing) = run("conntrack", &["-L", "-s", &addr], None) else {
+            return;
+        };
+        for f in flows(&listing) {
+            let open = elements.iter().any(|e| {
+                e.allow.proto == f.proto
+                    && e.allow.cidr.contains(f.dst.into())
+                    && e.allow.ports.0 <= f.dport
+                    && f.dport <= e.allow.ports.1
+            });
+            if open {
+                continue;
+            }
+            let proto = match f.proto {
+                egress::Proto::Tcp => "tcp",
+                egress::Proto::Udp => "udp",
+            };
+            let _ = run(
+                "conntrack",
+                &[
+                    "-D",
+                    "-p",
+                    proto,
+                    "-s",
+                    &addr,
+                    "-d",
+                    &f.dst.to_string(),
+                    "--sport",
+                    &f.sport.to_string(),
+                    "--dport",
+                    &f.dport.to_string(),
+                ],
+                None,
+            );
+        }
+    }
+}
+
+impl Node {
+    fn net(&self) -> Option<&Net> {
+        self.inner.net.as_ref()
+    }
+
+    /// Whether this node gives platform sandboxes networks.
+    pub fn egress_configured(&self) -> bool {
+        self.net().is_some()
+    }
+
+    /// A slot for a new platform sandbox when the node has networks (None: it has none).
+    pub(super) fn allocate_network(&self) -> Result<Option<u32>> {
+        self.net().map(Net::allocate).transpose()
+    }
+
+    /// Gives back a slot a create did not use.
+    pub(super) fn release_network(&self, slot: u32) {
+        if let Some(n) = self.net() {
+            n.release(slot);
+        }
+    }
+
+    /// The network namespace and `/etc/hosts` of a networked sandbox, for its spec.
+    pub(super) fn network_of(&self, sb: &Sandbox) -> Option<(PathBuf, PathBuf)> {
+        let slot = sb.platform.as_ref()?.network?;
+        let n = self.net()?;
+        Some((n.netns_path(slot), n.hosts_file(&sb.id)))
+    }
+
+    /// The host-side interface of a networked sandbox (what its meter reads).
+    pub(super) fn network_iface(&self, def: &super::Definition) -> Option<String> {
+        let slot = def.platform.as_ref()?.network?;
+        Some(self.net()?.layout.iface(slot))
+    }
+
+    /// Sets up a networked sandbox's network before its task starts: namespace, veth, and its
+    /// source address and base policy in the table. Idempotent (a provisioning a restart cut
+    /// short sets up again).
+    pub(super) async fn network_up(&self, sb: &Sandbox) -> Result<()> {
+        let (Some(n), Some(slot)) = (self.net(), sb.platform.as_ref().and_then(|p| p.network))
+        else {
+            return Ok(());
+        };
+        let base: EgressPolicy = sb
+            .platform
+            .as_ref()
+            .and_then(|p| p.egress.clone())
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        let t0 = std::time::Instant::now();
+        let node = self.clone();
+        let (id, host) = (sb.id.clone(), format!("sandbox-{}", &sb.id[..8]));
+        let meter = sb.meter.clone();
+        blocking(move || {
+            let n = node.net().expect("checked above");
+            let fresh = n.make(&id, slot, &host)?;
+            if fresh {
+                meter.rebase_net();
+            }
+            Ok::<(), String>(())
+        })
+        .await?
+        .map_err(internal("sandbox network"))?;
+        {
+            let mut b = lock(&n.bindings);
+            let e = b.entry(sb.id.clone()).or_insert_with(|| Binding {
+                slot,
+                base: EgressPolicy::default(),
+                grants: Vec::new(),
+                applied: Vec::new(),
+            });
+            e.base = base;
+        }
+        lock(&n.used).insert(slot);
+        self.apply_egress(&sb.id, true).await?;
+        info!(sandbox_id = %sb.id, iface = %n.layout.iface(slot),
+              ms = t0.elapsed().as_secs_f64() * 1e3, "sandbox network up");
+        Ok(())
+    }
+
+    /// Puts a sandbox's elements in the kernel as its binding says now (and its source
+    /// address with `source`), in one transaction; cuts the connections nothing opens any more.
+    async fn apply_egress(&self, id: &str, source: bool) -> Result<()> {
+        let Some(n) = self.net() else {
+            return Ok(());
+        };
+        let _g = n.apply.lock().await;
+        let (slot, script, new) = {
+            let b = lock(&n.bindings);
+            let Some(b) = b.get(id) else {
+                return Ok(());
+            };
+            let new = n.wanted(b);
+            let mut script = if source {
+                n.layout.source(b.slot)
+            } else {
+                String::new()
+            };
+            script += &n.layout.change(&b.applied, &new);
+            (b.slot, script, new)
+        };
+        let node = self.clone();
+        let elements = new.clone();
+        blocking(move || {
+            let n = node.net().expect("checked above");
+            nft(&script)?;
+            n.cut(slot, &elements);
+            Ok::<(), String>(())
+        })
+        .await?
+        .map_err(internal("egress rules"))?;
+        if let Some(b) = lock(&n.bindings).get_mut(id) {
+            b.applied = new;
+        }
+        Ok(())
+    }
+
+    /// Tears a sandbox's network down (after its task is gone): its elements, its source,
+    /// its connections, namespace, veth and files; its slot is free again. Returns its last
+    /// byte counts (what the meter banks).
+    pub(super) async fn network_down(&self, sb: &Sandbox) {
+        let Some(n) = self.net() else {
+            return;
+        };
+        let Some(slot) = sb.platform.as_ref().and_then(|p| p.network) else {
+            return;
+        };
+        let _g = n.apply.lock().await;
+        let applied = lock(&n.bindings)
+            .remove(&sb.id)
+            .map(|b| b.applied)
+            .unwrap_or_default();
+        let script = n.layout.unsource(slot) + &n.layout.change(&applied, &[]);
+        let node = self.clone();
+        let id = sb.id.clone();
+        let r = blocking(move || {
+            let n = node.net().expect("checked above");
+            if let Err(e) = nft(&script) {
+                warn!(sandbox_id = %id, error = %e, "could not remove the sandbox's egress rules");
+            }
+            n.cut(slot, &[]);
+            n.unmake(&id, slot);
+        })
+        .await;
+        if r.is_err() {
+            warn!(sandbox_id = %sb.id, "sandbox network teardown timed out");
+        }
+        n.release(slot);
+    }
+
+    fn grants_labels(grants: &[Grant]) -> HashMap<String, String> {
+        record::chunk_labels(
+            "egress-grants",
+            &serde_json::to_string(grants).unwrap_or_default(),
+        )
+    }
+
+    /// The grants recorded in a sandbox's labels.
+    pub(super) fn grants_of_labels(labels: &HashMap<String, String>) -> Vec<Grant> {
+        record::unchunk_labels("egress-grants", labels)
+            .and_then(|j| serde_json::from_str(&j).ok())
+            .unwrap_or_default()
+    }
+
+    /// A networked sandbox and its binding, or why not: UNIMPLEMENTED without `[egress]`,
+    /// FAILED_PRECONDITION for a sandbox without a network (a compute.v1 one, or one made
+    /// before the node had egress) or one that has ended.
+    fn networked(&self, id: &str) -> Result<(Arc<Sandbox>, &Net)> {
+        let Some(n) = self.net() else {
+            return Err(Error::Unimplemented(
+                "egress is not configured on this node ([egress] in its config)".into(),
+            ));
+        };
+        let sb = self.get(id)?;
+        if sb.status().has_ended() {
+            return Err(Error::FailedPrecondition {
+                id: sb.id.clone(),
+                state: sb.status().word().into(),
+            });
+        }
+        if !lock(&n.bindings).contains_key(&sb.id) {
+            return Err(Error::FailedPrecondition {
+                id: sb.id.clone(),
+                state: "a sandbox created without egress configured (it has no network)".into(),
+            });
+        }
+        Ok((sb, n))
+    }
+
+    /// The sandbox's bytes now (egress, ingress).
+    async fn net_bytes(&self, sb: &Sandbox) -> [u64; 2] {
+        let u = self.usage(sb).await;
+        [u.network_egress_bytes, u.network_ingress_bytes]
+    }
+
+    /// GrantEgress: records a grant on top of the sandbox's base policy and puts it in force
+    /// (the record first: a restart keeps it). `ttl_sec` 0 = no expiry, else at most a day.
+    pub async fn grant_egress(
+        &self,
+        id: &str,
+        policy: EgressPolicy,
+        ttl_sec: u32,
+        reason: String,
+        granted_by: String,
+    ) -> Result<Grant> {
+        let (sb, n) = self.networked(id)?;
+        if policy.rules.is_empty() {
+            return Err(Error::InvalidArgument(
+                "policy: a grant needs at least one rule".into(),
+            ));
+        }
+        check_policy(&policy)?;
+        if ttl_sec > MAX_GRANT_TTL_SECS {
+            return Err(Error::InvalidArgument(format!(
+                "ttl_sec {ttl_sec}: at most {MAX_GRANT_TTL_SECS} (0 = no expiry)"
+            )));
+        }
+        let _ops = sb.ops.lock().await;
+        let now = now_ms();
+        let grant = Grant {
+            id: uuid::Uuid::new_v4().to_string(),
+            policy,
+            created_at_ms: now,
+            expires_at_ms: if ttl_sec == 0 {
+                0
+            } else {
+                now + u64::from(ttl_sec) * 1000
+            },
+            reason,
+            granted_by,
+            bytes_at_grant: self.net_bytes(&sb).await,
+        };
+        let grants = {
+            let mut b = lock(&n.bindings);
+            let b = b.get_mut(&sb.id).ok_or(Error::NotFound(sb.id.clone()))?;
+            b.grants.retain(|g| !g.expired(now));
+            if b.grants.len() >= MAX_GRANTS {
+                return Err(Error::ResourceExhausted(format!(
+                    "{MAX_GRANTS} live grants already: revoke one first"
+                )));
+            }
+            let mut v = b.grants.clone();
+            v.push(grant.clone());
+            v
+        };
+        self.inner
+            .rt
+            .set_labels(&sb.id, Self::grants_labels(&grants))
+            .await?;
+        if let Some(b) = lock(&n.bindings).get_mut(&sb.id) {
+            b.grants = grants;
+        }
+        self.apply_egress(&sb.id, false).await?;
+        if grant.expires_at_ms != 0 {
+            self.spawn_grant_expiry(sb.clone(), grant.id.clone(), grant.expires_at_ms);
+        }
+        info!(sandbox_id = %sb.id, grant_id = %grant.id, ttl_sec, "egress granted");
+        Ok(grant)
+    }
+
+    /// RevokeEgress: removes exactly one grant and cuts the connections only it opened.
+    /// NOT_FOUND for a grant the sandbox does not have (or no longer has: expired).
+    pub async fn revoke_egress(&self, id: &str, grant_id: &str) -> Result<Ended> {
+        let (sb, _) = self.networked(id)?;
+        let _ops = sb.ops.lock().await;
+        self.end_grant(&sb, grant_id, false)
+            .await?
+            .ok_or_else(|| Error::NoSuchGrant {
+                id: sb.id.clone(),
+                grant: grant_id.to_string(),
+            })
+    }
+
+    /// Ends one grant (revoked, or `expired`): the record, then the kernel.
+    async fn end_grant(
+        &self,
+        sb: &Sandbox,
+        grant_id: &str,
+        expired: bool,
+    ) -> Result<Option<Ended>> {
+        let Some(n) = self.net() else {
+            return Ok(None);
+        };
+        let now = now_ms();
+        let (grant, rest) = {
+            let b = lock(&n.bindings);
+            let Some(b) = b.get(&sb.id) else {
+                return Ok(None);
+            };
+            let Some(g) = b.grants.iter().find(|g| g.id == grant_id) else {
+                return Ok(None);
+            };
+            if g.expired(now) && !expired {
+                return Ok(None);
+            }
+            let rest: Vec<Grant> = b
+                .grants
+                .iter()
+                .filter(|g| g.id != grant_id && !g.expired(now))
+                .cloned()
+                .collect();
+            (g.clone(), rest)
+        };
+        self.inner
+            .rt
+            .set_labels(&sb.id, Self::grants_labels(&rest))
+            .await?;
+        if let Some(b) = lock(&n.bindings).get_mut(&sb.id) {
+            b.grants = rest;
+        }
+        self.apply_egress(&sb.id, false).await?;
+        let [e, i] = self.net_bytes(sb).await;
+        let ended = Ended {
+            egress_bytes: e.saturating_sub(grant.bytes_at_grant[0]),
+            ingress_bytes: i.saturating_sub(grant.bytes_at_grant[1]),
+            grant,
+        };
+        info!(sandbox_id = %sb.id, grant_id = %ended.grant.id, expired,
+              egress_bytes = ended.egress_bytes, ingress_bytes = ended.ingress_bytes,
+              reason = %ended.grant.reason, "egress grant ended");
+        Ok(Some(ended))
+    }
+
+    /// At a grant's expiry: its elements go (the kernel's timeout may have taken them
+    /// already), what it alone opened is closed again and its connections are cut.
+    fn spawn_grant_expiry(&self, sb: Arc<Sandbox>, grant_id: String, at_ms: u64) {
+        let node = self.clone();
+        self.inner.tasks.spawn_until(sb.cancel.clone(), async move {
+            let wait = at_ms.saturating_sub(now_ms());
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let _ops = sb.ops.lock().await;
+            if sb.status().has_ended() {
+                return;
+            }
+            match node.end_grant(&sb, &grant_id, true).await {
+                Ok(Some(ended)) => {
+                    if let Some(n) = node.net() {
+                        let ns = sb.platform.as_ref().map(|p| p.namespace.clone()).unwrap_or_default();
+                        let _ = n.ended_tx.send((ns, sb.id.clone(), ended));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(sandbox_id = %sb.id, grant_id, error = %e, "could not end an expired grant")
+                }
+            }
+        });
+    }
+
+    /// The grants that expire on this node from now on, with their bytes (namespace, sandbox
+    /// id, what ended): once, for the one that audits them.
+    pub fn take_ended_grants(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<(String, String, Ended)>> {
+        lock(&self.net()?.ended_rx).take()
+    }
+
+    /// The egress in force for a sandbox (None: it has no network).
+    pub fn egress(&self, id: &str) -> Option<Egress> {
+        let n = self.net()?;
+        let b = lock(&n.bindings);
+        let b = b.get(id)?;
+        let now = now_ms();
+        Some(Egress {
+            base: b.base.clone(),
+            grants: b
+                .grants
+                .iter()
+                .filter(|g| !g.expired(now))
+                .cloned()
+                .collect(),
+        })
+    }
+
+    /// After a restart: a recovered networked sandbox's binding (its grants from its labels).
+    pub(super) fn recover_network(&self, sb: &Arc<Sandbox>, labels: &HashMap<String, String>) {
+        let (Some(n), Some(slot)) = (self.net(), sb.platform.as_ref().and_then(|p| p.network))
+        else {
+            return;
+        };
+        lock(&n.used).insert(slot);
+        if sb.status().has_ended() {
+            return;
+        }
+        let base: EgressPolicy = sb
+            .platform
+            .as_ref()
+            .and_then(|p| p.egress.clone())
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        let now = now_ms();
+        let grants: Vec<Grant> = Self::grants_of_labels(labels)
+            .into_iter()
+            .filter(|g| !g.expired(now))
+            .collect();
+        for g in grants.iter().filter(|g| g.expires_at_ms != 0) {
+            self.spawn_grant_expiry(sb.clone(), g.id.clone(), g.expires_at_ms);
+        }
+        lock(&n.bindings).insert(
+            sb.id.clone(),
+            Binding {
+                slot,
+                base,
+                grants,
+                applied: Vec::new(),
+            },
+        );
+    }
+
+    /// Starts the node's networks (at start, after recovery): forwarding on, the whole table
+    /// replaced by one built from the records (every live sandbox's source and elements), and
+    /// what no record owns removed (a namespace or veth of a sandbox whose teardown a crash
+    /// cut short).
+    pub async fn rebuild_network(&self) -> Result<()> {
+        let Some(n) = self.net() else {
+            return Ok(());
+        };
+        let _g = n.apply.lock().await;
+        let (script, owned) = {
+            let mut b = lock(&n.bindings);
+            let mut elements = String::new();
+            let mut owned = BTreeSet::new();
+            for v in b.values_mut() {
+                let want = n.wanted(v);
+                elements += &n.layout.source(v.slot);
+                elements += &n.layout.change(&[], &want);
+                v.applied = want;
+                owned.insert(v.slot);
+            }
+            (n.layout.script(&elements), owned)
+        };
+        let used = lock(&n.used).clone();
+        let node = self.clone();
+        blocking(move || {
+            let n = node.net().expect("checked above");
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+                .map_err(|e| format!("turn on IPv4 forwarding: {e}"))?;
+            nft(&script)?;
+            // Leftovers: namespaces and veths of this layout that no live record owns.
+            let mut names: BTreeSet<String> = egress::iface_names().into_iter().collect();
+            if let Ok(rd) = std::fs::read_dir(NETNS_DIR) {
+                for e in rd.flatten() {
+                    names.insert(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+            for name in names {
+                let Some(slot) = n.layout.slot_of(&name) else {
+                    continue;
+                };
+                if owned.contains(&slot) || used.contains(&slot) {
+                    continue;
+                }
+                info!(iface = %name, "removing a sandbox network no record owns");
+                n.cut(slot, &[]);
+                n.unmake("", slot);
+            }
+            Ok::<(), String>(())
+        })
+        .await?
+        .map_err(internal("sandbox networks"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conntrack_listings_give_the_original_tuples() {
+        let l = "tcp      6 431999 ESTABLISHED src=10.200.0.2 dst=198.18.0.1 sport=40312 dport=8000 src=198.18.0.1 dst=198.18.0.254 sport=8000 dport=40312 [ASSURED] mark=0 use=1\n\
+                 udp      17 29 src=10.200.0.2 dst=198.18.0.9 sport=5353 dport=53 [UNREPLIED] src=198.18.0.9 dst=198.18.0.254 sport=53 dport=5353 mark=0 use=1\n\
+                 conntrack v1.4.7 (conntrack-tools): 2 flow entries have been shown.\n";
+        let f = flows(l);
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].dst, "198.18.0.1".parse::<Ipv4Addr>().unwrap());
+        assert_eq!((f[0].sport, f[0].dport), (40312, 8000));
+        assert_eq!(f[1].proto, egress::Proto::Udp);
+        assert_eq!(f[1].dport, 53);
+    }
+
+    #[test]
+    fn dns_name_rules_wait_for_their_capture() {
+        let p = |d: &str| EgressPolicy {
+            rules: vec![crate::platform::records::EgressRule {
+                destination: d.into(),
+                ports: vec![443],
+                protocol: "tcp".into(),
+            }],
+        };
+        assert!(check_policy(&p("198.18.0.0/24")).is_ok());
+        assert!(matches!(
+            check_policy(&p("api.example.com")),
+            Err(Error::Unimplemented(_))
+        ));
+        assert!(matches!(
+            check_policy(&p("not a thing")),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn grants_expire_by_their_clock() {
+        let g = Grant {
+            id: "g".into(),
+            policy: EgressPolicy::default(),
+            created_at_ms: 1000,
+            expires_at_ms: 5000,
+            reason: String::new(),
+            granted_by: String::new(),
+            bytes_at_grant: [0, 0],
+        };
+        assert!(!g.expired(4999));
+        assert!(g.expired(5000));
+        let forever = Grant {
+            expires_at_ms: 0,
+            ..g
+        };
+        assert!(!forever.expired(u64::MAX));
+    }
+}
