@@ -245,6 +245,8 @@ pub struct Daemon {
     pub containerd: PathBuf,
     /// The state directory.
     state: PathBuf,
+    /// The network namespace (a name under /run/netns) it runs in, if not the test's own.
+    netns: Option<String>,
 }
 
 /// Where a daemon keeps its state and which containerd it uses (defaults: the shared
@@ -255,6 +257,9 @@ pub struct Options {
     pub containerd: Option<PathBuf>,
     /// The state directory.
     pub state_dir: Option<PathBuf>,
+    /// A network namespace (its name under /run/netns) to run the daemon in: it then serves
+    /// the test over its unix socket only (its TCP listener is in that namespace).
+    pub netns: Option<String>,
 }
 
 /// Extra config lines for a daemon.
@@ -314,6 +319,7 @@ pub fn start_with(name: &str, extra_config: &str, opts: Options) -> Daemon {
         log,
         containerd,
         state,
+        netns: opts.netns,
     };
     d.spawn();
     d
@@ -337,7 +343,21 @@ impl Daemon {
     /// Starts (or restarts) the daemon process and waits until it serves.
     pub fn spawn(&mut self) {
         let logf = append_log(&self.log);
-        let child = computed_command()
+        let mut cmd = match &self.netns {
+            // nsenter changes only the network namespace: the daemon's mounts (workspace
+            // volumes) stay where containerd and runsc see them.
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}"))
+                    .arg(env!("CARGO_BIN_EXE_computed"));
+                for k in computed::config::env_vars() {
+                    c.env_remove(k);
+                }
+                c
+            }
+            None => computed_command(),
+        };
+        let child = cmd
             .arg("--config")
             .arg(&self.config)
             .arg("node")
@@ -352,7 +372,8 @@ impl Daemon {
         // about every sandbox). A daemon that exits is reported at once.
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(120) {
-            if std::net::TcpStream::connect(&self.addr).is_ok() && self.socket.exists() {
+            let tcp = self.netns.is_some() || std::net::TcpStream::connect(&self.addr).is_ok();
+            if tcp && std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
                 if t0.elapsed() > Duration::from_secs(10) {
                     eprintln!("the daemon took {:?} to serve", t0.elapsed());
                 }

@@ -1,0 +1,691 @@
+//! Sandbox networks end to end (issue 20): real node daemons, real containerd and runsc, real
+//! sandboxes with networks, and a fake internet, all inside network namespaces this test makes.
+//!
+//! Each test makes a "host" namespace (the node daemon runs in it through `nsenter --net`, so
+//! its nft table, forwarding, conntrack and the sandboxes' veths are there) and a "world"
+//! namespace joined to it by a veth (`up0`, the node's configured uplink) where
+//! `tests/workers/egress_world.py` serves HTTP, TCP echo, TLS and DNS on addresses of
+//! 198.18.0.0/15, a "metadata server" at 169.254.169.254 and a "cluster range" 198.18.5.0/24
+//! that the node's configuration puts on its never-reachable list. No packet leaves them.
+
+#[macro_use]
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use computed::api::platform::v1 as pb;
+use pb::exec_client_message::Msg as In;
+use pb::exec_server_message::Msg as Out;
+use pb::sandbox_service_client::SandboxServiceClient;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+/// Runs `cmd` (split at spaces); fails the test when it fails.
+fn run(cmd: &str) -> String {
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The addresses the world serves on (its eth0 holds them all).
+const WORLD: &str = "198.18.0.1";
+const NAMED: &str = "198.18.0.10";
+const DNS: &str = "198.18.0.53";
+const NEVER_HOST: &str = "198.18.5.1";
+const METADATA: &str = "169.254.169.254";
+/// The node's own address on the uplink.
+const NODE: &str = "198.18.0.254";
+
+/// The namespaces of one test and the world's servers; removed on drop.
+struct World {
+    host: String,
+    world: String,
+    servers: Vec<Child>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for n in [&self.host, &self.world] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+impl World {
+    /// Namespaces `eh<tag><pid>` and `ew<tag><pid>`, the uplink, the world's servers (`names`:
+    /// NAME=ADDR answered by its DNS server with `ttl`).
+    fn new(tag: &str, names: &[&str], ttl: u32) -> World {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "sandbox networks need root (network namespaces, nft)"
+        );
+        for tool in ["ip", "nft", "conntrack", "nsenter", "openssl"] {
+            assert!(
+                which(tool).is_some(),
+                "{tool} is missing: scripts/install-deps"
+            );
+        }
+        let p = std::process::id();
+        let mut w = World {
+            host: format!("eh{tag}{p}"),
+            world: format!("ew{tag}{p}"),
+            servers: Vec::new(),
+        };
+        let (h, x) = (w.host.clone(), w.world.clone());
+        for n in [&h, &x] {
+            run(&format!("ip netns add {n}"));
+            run(&format!("ip -n {n} link set lo up"));
+        }
+        run(&format!(
+            "ip link add up0 netns {h} type veth peer name eth0 netns {x}"
+        ));
+        run(&format!("ip -n {h} addr add {NODE}/24 dev up0"));
+        run(&format!("ip -n {h} link set up0 up"));
+        run(&format!("ip -n {h} route add default via {WORLD}"));
+        for a in [WORLD, NAMED, DNS, NEVER_HOST] {
+            run(&format!("ip -n {x} addr add {a}/16 dev eth0"));
+        }
+        run(&format!("ip -n {x} addr add {METADATA}/16 dev eth0"));
+        run(&format!("ip -n {x} link set eth0 up"));
+        // Replies to the node's masqueraded address go back over the uplink.
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &x, "python3"])
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/workers/egress_world.py"
+            ))
+            .args(["--dns-addr", DNS, "--ttl", &ttl.to_string()]);
+        for a in [WORLD, NAMED, NEVER_HOST, METADATA] {
+            cmd.args(["--addr", a]);
+        }
+        for n in names {
+            cmd.args(["--name", n]);
+        }
+        w.serve(cmd);
+        // The node itself: something listening on its uplink address, which no sandbox may
+        // reach whatever it is granted.
+        let mut node = Command::new("ip");
+        node.args(["netns", "exec", &h, "python3", "-c"]).arg(format!(
+            "import socketserver as s\nclass E(s.BaseRequestHandler):\n    def handle(self):\n        self.request.sendall(self.request.recv(1))\n\
+             s.TCPServer.allow_reuse_address = True\nsrv = s.ThreadingTCPServer(('0.0.0.0', 7000), E)\nprint('ready', flush=True)\nsrv.serve_forever()\n"
+        ));
+        w.serve(node);
+        w
+    }
+
+    /// Starts a server and waits for its "ready".
+    fn serve(&mut self, mut cmd: Command) {
+        use std::io::BufRead;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "a world server did not start");
+        // Keep reading (the DNS server prints its queries) so that it never blocks.
+        std::thread::spawn(move || for _ in out.lines() {});
+        self.servers.push(child);
+    }
+
+    /// A node daemon in the host namespace with `[egress]` on the uplink (the table and the
+    /// interface prefix its own, the cluster range on its never list), `extra` added to it.
+    fn node(&self, name: &str, extra: &str) -> Daemon {
+        let prefix = format!("e{}-", std::process::id() % 100_000);
+        start_with(
+            name,
+            &format!(
+                "[egress]\nuplink = \"up0\"\niface_prefix = {prefix:?}\nnever = [\"198.18.5.0/24\"]\n{extra}"
+            ),
+            Options {
+                netns: Some(self.host.clone()),
+                ..Default::default()
+            },
+        )
+    }
+
+    /// IP-layer bytes the world's interface received and sent so far.
+    fn world_bytes(&self) -> (u64, u64) {
+        let dev = run(&format!("ip netns exec {} cat /proc/net/dev", self.world));
+        let line = dev
+            .lines()
+            .find(|l| l.trim_start().starts_with("eth0:"))
+            .expect("the world's eth0");
+        let v: Vec<u64> = line
+            .split_once(':')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        (v[0] - 14 * v[1], v[8] - 14 * v[9])
+    }
+
+    /// Lines of `cmd` run in the host namespace.
+    fn in_host(&self, cmd: &str) -> String {
+        run(&format!("ip netns exec {} {cmd}", self.host))
+    }
+}
+
+fn msg(m: In) -> pb::ExecClientMessage {
+    pb::ExecClientMessage { msg: Some(m) }
+}
+
+/// An exec of `sh -c script` in sandbox `id`, its stdin closed: its output as it comes.
+async fn open(ch: &Channel, id: &str, script: &str) -> Streaming<pb::ExecServerMessage> {
+    let (tx, rx) = mpsc::channel(2);
+    tx.send(msg(In::Spec(pb::ExecSpec {
+        sandbox_id: id.into(),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    })))
+    .await
+    .unwrap();
+    drop(tx);
+    SandboxServiceClient::new(ch.clone())
+        .exec_in_sandbox(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Reads `s` until its exit: (stdout and stderr, the exit).
+async fn finish(s: &mut Streaming<pb::ExecServerMessage>, out: &mut String) -> pb::ExecExit {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(60), s.message())
+            .await
+            .expect("an exit within 60 s")
+            .unwrap()
+            .and_then(|m| m.msg);
+        match m {
+            Some(Out::Stdout(d)) | Some(Out::Stderr(d)) => {
+                out.push_str(&String::from_utf8_lossy(&d))
+            }
+            Some(Out::Exit(e)) => return e,
+            None => panic!("no exit; output {out:?}"),
+        }
+    }
+}
+
+/// Runs `sh -c script` in `id`: its output and the exec's usage; fails unless it exits 0.
+async fn sh_in(
+    ch: &Channel,
+    id: &str,
+    script: &str,
+) -> (String, computed::api::common::v1::UsageMetrics) {
+    let mut s = open(ch, id, script).await;
+    let mut out = String::new();
+    let e = finish(&mut s, &mut out).await;
+    assert_eq!(
+        (e.code, e.termination),
+        (0, pb::Termination::Exited as i32),
+        "{script}: {out}"
+    );
+    (out, e.usage.expect("an exit carries its usage"))
+}
+
+/// What a TCP connection from the sandbox to `addr:port` meets within a second: "open" (an
+/// echo came back), "refused" (a reset: the table said no at once), "timeout" (dropped), or
+/// the error's name.
+async fn probe(ch: &Channel, id: &str, addr: &str, port: u16) -> String {
+    let code = format!(
+        "import socket\ns = socket.socket()\ns.settimeout(1)\ntry:\n    s.connect(('{addr}', {port}))\n    s.sendall(b'x')\n    print('open' if s.recv(1) == b'x' else 'closed')\n\
+         except ConnectionRefusedError:\n    print('refused')\nexcept socket.timeout:\n    print('timeout')\nexcept OSError as e:\n    print(type(e).__name__)\n"
+    );
+    let (out, _) = sh_in(ch, id, &format!("python3 -c \"{code}\"")).await;
+    out.trim().to_string()
+}
+
+fn rule(cidr: &str, ports: &[u32]) -> pb::EgressRule {
+    pb::EgressRule {
+        destination: Some(pb::egress_rule::Destination::Cidr(cidr.into())),
+        ports: ports.to_vec(),
+        protocol: pb::EgressProtocol::Tcp as i32,
+    }
+}
+
+fn host_rule(name: &str, ports: &[u32]) -> pb::EgressRule {
+    pb::EgressRule {
+        destination: Some(pb::egress_rule::Destination::Host(name.into())),
+        ports: ports.to_vec(),
+        protocol: pb::EgressProtocol::Unspecified as i32,
+    }
+}
+
+fn policy(rules: Vec<pb::EgressRule>) -> Option<pb::EgressPolicy> {
+    Some(pb::EgressPolicy { rules })
+}
+
+/// Namespace `ns` with environment `env` whose base egress is `egress`.
+async fn environment(ch: &Channel, ns: &str, env: &str, egress: Option<pb::EgressPolicy>) {
+    let _ = pb::access_service_client::AccessServiceClient::new(ch.clone())
+        .create_namespace(pb::CreateNamespaceRequest {
+            name: ns.into(),
+            ..Default::default()
+        })
+        .await;
+    pb::environment_service_client::EnvironmentServiceClient::new(ch.clone())
+        .create_environment(pb::CreateEnvironmentRequest {
+            environment: Some(pb::Environment {
+                namespace: ns.into(),
+                name: env.into(),
+                image: IMAGE.into(),
+                egress,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+}
+
+/// An exec-only sandbox of `ns/env` (with `egress` as the request's base policy when given),
+/// RUNNING.
+async fn sandbox(ch: &Channel, ns: &str, env: &str, egress: Option<pb::EgressPolicy>) -> String {
+    let mut s = SandboxServiceClient::new(ch.clone());
+    let id = s
+        .create_sandbox(pb::CreateSandboxRequest {
+            namespace: ns.into(),
+            environment: env.into(),
+            exec_only: true,
+            egress,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    let t0 = Instant::now();
+    while get(ch, &id).await.state != pb::SandboxState::Running as i32 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{id} never RUNNING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    id
+}
+
+async fn get(ch: &Channel, id: &str) -> pb::Sandbox {
+    SandboxServiceClient::new(ch.clone())
+        .get_sandbox(pb::GetSandboxRequest {
+            sandbox_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn grant(
+    ch: &Channel,
+    id: &str,
+    p: Option<pb::EgressPolicy>,
+    ttl_sec: u32,
+) -> Result<String, tonic::Status> {
+    SandboxServiceClient::new(ch.clone())
+        .grant_egress(pb::GrantEgressRequest {
+            sandbox_id: id.into(),
+            policy: p,
+            ttl_sec,
+            reason: format!("test grant, ttl {ttl_sec}"),
+        })
+        .await
+        .map(|r| r.into_inner().grant_id)
+}
+
+async fn revoke(ch: &Channel, id: &str, grant_id: &str) -> Result<(), tonic::Status> {
+    SandboxServiceClient::new(ch.clone())
+        .revoke_egress(pb::RevokeEgressRequest {
+            sandbox_id: id.into(),
+            grant_id: grant_id.into(),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// The sandbox's address inside its network (from `ip addr` in it).
+async fn address(ch: &Channel, id: &str) -> String {
+    let (out, _) = sh_in(ch, id, "ip -4 addr show eth0").await;
+    out.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .expect("an IPv4 address on eth0")
+        .to_string()
+}
+
+/// `got` within 1 % of `want`, or within `slack` bytes (the few packets of the other direction
+/// of a transfer, where one ARP frame that the world's interface also counts is over 1 %).
+fn within_one_percent(what: &str, got: u64, want: u64, slack: u64) {
+    let diff = got.abs_diff(want);
+    assert!(
+        diff as f64 <= want as f64 * 0.01 || diff <= slack,
+        "{what}: metered {got} bytes, the world's interface saw {want} ({:.3} %)",
+        diff as f64 * 100.0 / want.max(1) as f64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cidr_policies_live_grants_the_never_list_and_exact_bytes() {
+    need!();
+    let w = World::new("a", &[], 300);
+    let d = w.node("egress-cidr", "");
+    let ch = d.local_channel().await;
+    environment(&ch, "team", "closed", None).await;
+    environment(
+        &ch,
+        "team",
+        "web",
+        policy(vec![rule(&format!("{WORLD}/32"), &[8000])]),
+    )
+    .await;
+    let closed = sandbox(&ch, "team", "closed", None).await;
+    let web = sandbox(&ch, "team", "web", None).await;
+
+    // Deny-all without a policy; the base policy opens exactly its port.
+    assert_eq!(probe(&ch, &closed, WORLD, 9000).await, "refused");
+    let (out, _) = sh_in(
+        &ch,
+        &closed,
+        &format!("python3 -c \"import urllib.request as u; u.urlopen('http://{WORLD}:8000/', timeout=2)\" 2>&1 | tail -1"),
+    )
+    .await;
+    assert!(out.contains("Connection refused"), "{out}");
+    assert_eq!(probe(&ch, &web, WORLD, 9000).await, "refused");
+    let sb = get(&ch, &web).await;
+    assert_eq!(
+        sb.egress_base,
+        policy(vec![rule(&format!("{WORLD}/32"), &[8000])])
+    );
+    assert!(
+        get(&ch, &closed).await.egress_base.is_some(),
+        "deny-all is a base policy too"
+    );
+
+    // Bytes: a 10 MiB download and a 10 MiB upload, metered per exec at the sandbox's veth,
+    // against what the world's own interface counted at the IP layer.
+    let before = w.world_bytes();
+    let (out, down) = sh_in(
+        &ch,
+        &web,
+        &format!("python3 -c \"import urllib.request as u; print(len(u.urlopen('http://{WORLD}:8000/blob', timeout=10).read()))\""),
+    )
+    .await;
+    assert_eq!(out.trim(), (10 << 20).to_string());
+    let after = w.world_bytes();
+    eprintln!(
+        "10 MiB download: metered in {} / out {}, world out {} / in {}",
+        down.network_ingress_bytes,
+        down.network_egress_bytes,
+        after.1 - before.1,
+        after.0 - before.0
+    );
+    within_one_percent(
+        "download, ingress",
+        down.network_ingress_bytes,
+        after.1 - before.1,
+        0,
+    );
+    within_one_percent(
+        "download, egress",
+        down.network_egress_bytes,
+        after.0 - before.0,
+        256,
+    );
+    let before = w.world_bytes();
+    let (out, up) = sh_in(
+        &ch,
+        &web,
+        &format!("python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('http://{WORLD}:8000/upload', data=bytes(10 << 20)), timeout=10).read().decode())\""),
+    )
+    .await;
+    assert_eq!(out.trim(), (10 << 20).to_string());
+    let after = w.world_bytes();
+    within_one_percent(
+        "upload, egress",
+        up.network_egress_bytes,
+        after.0 - before.0,
+        0,
+    );
+    within_one_percent(
+        "upload, ingress",
+        up.network_ingress_bytes,
+        after.1 - before.1,
+        256,
+    );
+    let total = get(&ch, &web).await.usage.unwrap();
+    assert!(total.network_ingress_bytes >= down.network_ingress_bytes + up.network_ingress_bytes);
+    assert!(total.network_egress_bytes >= down.network_egress_bytes + up.network_egress_bytes);
+
+    // A grant is live at once, and only for what it names.
+    let t0 = Instant::now();
+    let g = grant(&ch, &web, policy(vec![rule("198.18.0.0/24", &[9000])]), 0)
+        .await
+        .unwrap();
+    assert_eq!(probe(&ch, &web, WORLD, 9000).await, "open");
+    eprintln!("grant → first connection through: {:?}", t0.elapsed());
+    assert_eq!(probe(&ch, &web, WORLD, 9001).await, "refused");
+    assert_eq!(
+        probe(&ch, &closed, WORLD, 9000).await,
+        "refused",
+        "another sandbox's grant"
+    );
+    let sb = get(&ch, &web).await;
+    assert_eq!(sb.egress_grants.len(), 1);
+    assert_eq!(sb.egress_grants[0].grant_id, g);
+    assert_eq!(sb.egress_grants[0].reason, "test grant, ttl 0");
+
+    // Revoking cuts an open connection: an echo conversation going on through it breaks.
+    let mut talk = open(
+        &ch,
+        &web,
+        &format!("python3 -c \"\nimport socket, time\ns = socket.create_connection(('{WORLD}', 9000), timeout=5)\nprint('talking', flush=True)\n\
+         try:\n    while True:\n        s.sendall(b'x')\n        if s.recv(1) != b'x':\n            break\n        time.sleep(0.05)\n    print('cut: closed')\n\
+         except OSError as e:\n    print('cut:', type(e).__name__)\n\""),
+    )
+    .await;
+    let mut out = String::new();
+    while !out.contains("talking") {
+        match s_next(&mut talk).await {
+            Some(t) => out += &t,
+            None => panic!("the conversation never started: {out}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    revoke(&ch, &web, &g).await.unwrap();
+    let e = finish(&mut talk, &mut out).await;
+    assert_eq!(e.code, 0, "{out}");
+    assert!(out.contains("cut:"), "{out}");
+    eprintln!(
+        "revoke → the conversation cut: {:?} ({out:?})",
+        t0.elapsed()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "the cut took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(probe(&ch, &web, WORLD, 9000).await, "refused");
+    assert!(get(&ch, &web).await.egress_grants.is_empty());
+    assert_eq!(
+        revoke(&ch, &web, &g).await.unwrap_err().code(),
+        Code::NotFound
+    );
+
+    // A grant with a TTL ends by itself (and leaves the list); its end is audited with bytes.
+    let g2 = grant(
+        &ch,
+        &web,
+        policy(vec![rule(&format!("{WORLD}/32"), &[9002])]),
+        2,
+    )
+    .await
+    .unwrap();
+    assert_eq!(probe(&ch, &web, WORLD, 9002).await, "open");
+    let sb = get(&ch, &web).await;
+    assert!(sb.egress_grants[0].expires_at.is_some());
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    assert_eq!(probe(&ch, &web, WORLD, 9002).await, "refused");
+    assert!(
+        get(&ch, &web).await.egress_grants.is_empty(),
+        "an expired grant is omitted"
+    );
+    let audit = pb::access_service_client::AccessServiceClient::new(ch.clone())
+        .list_audit_events(pb::ListAuditEventsRequest {
+            namespace: "team".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let ended: Vec<&pb::AuditEvent> = audit
+        .iter()
+        .filter(|e| e.detail.contains(&g2) && e.detail.contains("expired"))
+        .collect();
+    assert_eq!(ended.len(), 1, "{audit:#?}");
+    assert!(
+        ended[0].detail.contains("bytes egress"),
+        "{}",
+        ended[0].detail
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.method.ends_with("/GrantEgress") && e.detail.contains("test grant, ttl 2")),
+        "the reason is in the audit log"
+    );
+
+    // The never-reachable list holds against 0.0.0.0/0; so do the node and other sandboxes.
+    let other = address(&ch, &closed).await;
+    let mut srv = open(&ch, &closed, "python3 -c \"\nimport socketserver as s\nclass E(s.BaseRequestHandler):\n    def handle(self):\n        self.request.sendall(self.request.recv(1))\nsrv = s.TCPServer(('0.0.0.0', 9000), E)\nprint('up', flush=True)\nsrv.serve_forever()\n\"").await;
+    assert_eq!(s_next(&mut srv).await.as_deref().map(str::trim), Some("up"));
+    let all = grant(
+        &ch,
+        &web,
+        policy(vec![pb::EgressRule {
+            destination: Some(pb::egress_rule::Destination::Cidr("0.0.0.0/0".into())),
+            ports: vec![],
+            protocol: pb::EgressProtocol::Unspecified as i32,
+        }]),
+        0,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        probe(&ch, &web, WORLD, 9001).await,
+        "open",
+        "the grant works"
+    );
+    for (addr, port, what) in [
+        (METADATA, 9000, "the metadata address"),
+        (NEVER_HOST, 9000, "a configured never-reachable range"),
+        (NODE, 7000, "the node's own address"),
+        (other.as_str(), 9000, "another sandbox"),
+    ] {
+        let got = probe(&ch, &web, addr, port).await;
+        assert!(
+            got == "timeout" || got == "refused",
+            "{what} ({addr}:{port}): {got}"
+        );
+    }
+    let gateway = address(&ch, &web)
+        .await
+        .rsplit_once('.')
+        .map(|(a, b)| format!("{a}.{}", b.parse::<u8>().unwrap() - 1))
+        .unwrap();
+    let got = probe(&ch, &web, &gateway, 7000).await;
+    assert!(
+        got == "timeout" || got == "refused",
+        "the node's side of the veth: {got}"
+    );
+    revoke(&ch, &web, &all).await.unwrap();
+
+    // What GrantEgress and RevokeEgress refuse.
+    assert_eq!(
+        grant(&ch, &web, None, 0).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        grant(
+            &ch,
+            &web,
+            policy(vec![rule(&format!("{WORLD}/32"), &[9000])]),
+            86_401
+        )
+        .await
+        .unwrap_err()
+        .code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        revoke(&ch, &web, "").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        grant(
+            &ch,
+            "00000000-0000-4000-8000-000000000000",
+            policy(vec![rule(&format!("{WORLD}/32"), &[9000])]),
+            0
+        )
+        .await
+        .unwrap_err()
+        .code(),
+        Code::NotFound
+    );
+
+    // Deleting a sandbox takes its network along: namespace, veth, table elements, conntrack.
+    let web_addr = address(&ch, &web).await;
+    let iface = format!("e{}-", std::process::id() % 100_000);
+    let before: Vec<String> = w
+        .in_host("ip -o link")
+        .lines()
+        .filter(|l| l.contains(&iface))
+        .map(String::from)
+        .collect();
+    assert_eq!(before.len(), 2, "{before:?}");
+    for id in [&web, &closed] {
+        SandboxServiceClient::new(ch.clone())
+            .delete_sandbox(pb::DeleteSandboxRequest {
+                sandbox_id: id.to_string(),
+            })
+            .await
+            .unwrap();
+    }
+    let links = w.in_host("ip -o link");
+    assert!(!links.contains(&iface), "{links}");
+    let netns = run("ip netns list");
+    assert!(!netns.contains(&iface), "{netns}");
+    for set in ["sources", "grants4"] {
+        let elements = w.in_host(&format!("nft list set inet compute {set}"));
+        assert!(!elements.contains(&iface), "{elements}");
+    }
+    let ct = w.in_host(&format!("conntrack -L -s {web_addr}"));
+    assert!(ct.trim().is_empty(), "{ct}");
+}
+
+/// The next piece of output of `s` (None at its end).
+async fn s_next(s: &mut Streaming<pb::ExecServerMessage>) -> Option<String> {
+    let m = tokio::time::timeout(Duration::from_secs(30), s.message())
+        .await
+        .expect("output within 30 s")
+        .unwrap()?;
+    match m.msg {
+        Some(Out::Stdout(d)) | Some(Out::Stderr(d)) => {
+            Some(String::from_utf8_lossy(&d).into_owned())
+        }
+        _ => None,
+    }
+}
