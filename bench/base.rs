@@ -153,7 +153,7 @@ impl Base {
             memory_limit: (mem + cfg.memory_headroom_bytes.max(mem / 4)) as i64,
             pids_limit: cfg.pids_limit,
             netns: None,
-            hosts: None,
+            net_files: None,
         })
     }
 

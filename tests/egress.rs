@@ -48,6 +48,9 @@ const NODE: &str = "198.18.0.254";
 struct World {
     host: String,
     world: String,
+    /// The node's interface (and sandbox namespace) prefix: /run/netns is the machine's, so
+    /// every test's node has its own.
+    prefix: String,
     servers: Vec<Child>,
 }
 
@@ -81,6 +84,7 @@ impl World {
         let mut w = World {
             host: format!("eh{tag}{p}"),
             world: format!("ew{tag}{p}"),
+            prefix: format!("e{tag}{}-", p % 10_000),
             servers: Vec::new(),
         };
         let (h, x) = (w.host.clone(), w.world.clone());
@@ -117,10 +121,10 @@ impl World {
         // The node itself: something listening on its uplink address, which no sandbox may
         // reach whatever it is granted.
         let mut node = Command::new("ip");
-        node.args(["netns", "exec", &h, "python3", "-c"]).arg(format!(
+        node.args(["netns", "exec", &h, "python3", "-c"]).arg(
             "import socketserver as s\nclass E(s.BaseRequestHandler):\n    def handle(self):\n        self.request.sendall(self.request.recv(1))\n\
              s.TCPServer.allow_reuse_address = True\nsrv = s.ThreadingTCPServer(('0.0.0.0', 7000), E)\nprint('ready', flush=True)\nsrv.serve_forever()\n"
-        ));
+        );
         w.serve(node);
         w
     }
@@ -145,7 +149,7 @@ impl World {
     /// A node daemon in the host namespace with `[egress]` on the uplink (the table and the
     /// interface prefix its own, the cluster range on its never list), `extra` added to it.
     fn node(&self, name: &str, extra: &str) -> Daemon {
-        let prefix = format!("e{}-", std::process::id() % 100_000);
+        let prefix = &self.prefix;
         start_with(
             name,
             &format!(
@@ -187,10 +191,15 @@ fn msg(m: In) -> pb::ExecClientMessage {
 
 /// An exec of `sh -c script` in sandbox `id`, its stdin closed: its output as it comes.
 async fn open(ch: &Channel, id: &str, script: &str) -> Streaming<pb::ExecServerMessage> {
+    open_argv(ch, id, &["sh", "-c", script]).await
+}
+
+/// An exec of `argv` in sandbox `id`, its stdin closed: its output as it comes.
+async fn open_argv(ch: &Channel, id: &str, argv: &[&str]) -> Streaming<pb::ExecServerMessage> {
     let (tx, rx) = mpsc::channel(2);
     tx.send(msg(In::Spec(pb::ExecSpec {
         sandbox_id: id.into(),
-        argv: vec!["sh".into(), "-c".into(), script.into()],
+        argv: argv.iter().map(|a| a.to_string()).collect(),
         ..Default::default()
     })))
     .await
@@ -236,6 +245,15 @@ async fn sh_in(
         "{script}: {out}"
     );
     (out, e.usage.expect("an exit carries its usage"))
+}
+
+/// Runs Python `code` in `id` (no shell between): its output; fails unless it exits 0.
+async fn py(ch: &Channel, id: &str, code: &str) -> String {
+    let mut s = open_argv(ch, id, &["python3", "-c", code]).await;
+    let mut out = String::new();
+    let e = finish(&mut s, &mut out).await;
+    assert_eq!(e.code, 0, "{code}\n{out}");
+    out.trim().to_string()
 }
 
 /// What a TCP connection from the sandbox to `addr:port` meets within a second: "open" (an
@@ -648,7 +666,7 @@ async fn cidr_policies_live_grants_the_never_list_and_exact_bytes() {
 
     // Deleting a sandbox takes its network along: namespace, veth, table elements, conntrack.
     let web_addr = address(&ch, &web).await;
-    let iface = format!("e{}-", std::process::id() % 100_000);
+    let iface = w.prefix.clone();
     let before: Vec<String> = w
         .in_host("ip -o link")
         .lines()
@@ -688,4 +706,182 @@ async fn s_next(s: &mut Streaming<pb::ExecServerMessage>) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Python that prints what resolving `name` gives: its addresses, or the error's name.
+fn resolve(name: &str) -> String {
+    format!(
+        "import socket\ntry:\n    print(' '.join(sorted({{a[4][0] for a in socket.getaddrinfo('{name}', 80, socket.AF_INET)}})))\n\
+         except socket.gaierror as e:\n    print('gaierror', e.errno)\n"
+    )
+}
+
+/// Python that speaks TLS to `addr`:443 asking for `sni`: the server's line, or the error.
+fn tls(addr: &str, sni: &str) -> String {
+    format!(
+        "import socket, ssl\nc = ssl.create_default_context()\nc.check_hostname = False\nc.verify_mode = ssl.CERT_NONE\n\
+         try:\n    s = c.wrap_socket(socket.create_connection(('{addr}', 443), timeout=3), server_hostname='{sni}')\n    print(s.recv(100).decode().strip())\n\
+         except (OSError, ssl.SSLError) as e:\n    print('refused', type(e).__name__)\n"
+    )
+}
+
+/// Python that GETs `url` (its Host from the URL, or `host`): status and body, or the error.
+fn http_get(url: &str, host: &str) -> String {
+    format!(
+        "import urllib.request as u, urllib.error as e\nr = u.Request('{url}')\n{set}\
+         try:\n    x = u.urlopen(r, timeout=3)\n    print(x.status, x.read()[:200].decode().strip())\n\
+         except e.HTTPError as h:\n    print(h.code, h.read().decode().strip())\nexcept OSError as o:\n    print('error', o)\n",
+        set = if host.is_empty() {
+            String::new()
+        } else {
+            format!("r.add_header('Host', '{host}')\n")
+        }
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dns_names_resolve_only_when_allowed_and_host_and_sni_are_checked() {
+    need!();
+    // a.test and b.test share an address, as names behind one CDN do; meta.test points at
+    // the metadata address; web.test and echo.test at the world's main host. TTL 1 s (the
+    // node keeps an address open at least dns_min_ttl_secs = 2).
+    let w = World::new(
+        "d",
+        &[
+            &format!("a.test={NAMED}"),
+            &format!("b.test={NAMED}"),
+            &format!("meta.test={METADATA}"),
+            &format!("web.test={WORLD}"),
+            &format!("echo.test={WORLD}"),
+        ],
+        1,
+    );
+    let d = w.node(
+        "egress-dns",
+        &format!("dns_upstream = \"{DNS}:53\"\ndns_min_ttl_secs = 2\n"),
+    );
+    let ch = d.local_channel().await;
+    environment(
+        &ch,
+        "team",
+        "names",
+        policy(vec![host_rule("a.test", &[80, 443])]),
+    )
+    .await;
+    let id = sandbox(&ch, "team", "names", None).await;
+
+    // Only allowed names resolve; the answer opens their addresses on the rule's ports.
+    assert_eq!(py(&ch, &id, &resolve("a.test")).await, NAMED);
+    assert!(py(&ch, &id, &resolve("b.test"))
+        .await
+        .starts_with("gaierror"));
+    assert!(py(&ch, &id, &resolve("web.test"))
+        .await
+        .starts_with("gaierror"));
+    assert_eq!(
+        py(&ch, &id, &http_get("http://a.test/", "")).await,
+        "200 world a.test"
+    );
+    assert_eq!(py(&ch, &id, &tls("a.test", "a.test")).await, "tls a.test");
+    // Every packet to port 53 is the node's, wherever it was sent.
+    let q = format!(
+        "import socket, struct\nq = struct.pack('>HHHHHH', 9, 0x100, 1, 0, 0, 0) + b'\\x01a\\x04test\\x00' + struct.pack('>HH', 1, 1)\n\
+         u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.settimeout(2)\nu.sendto(q, ('{WORLD}', 53))\nr = u.recv(512)\nprint(socket.inet_ntoa(r[-4:]))\n"
+    );
+    assert_eq!(py(&ch, &id, &q).await, NAMED);
+
+    // The same address under another name: its Host or SNI is refused.
+    let out = py(&ch, &id, &tls(NAMED, "b.test")).await;
+    assert!(out.starts_with("refused"), "{out}");
+    let out = py(&ch, &id, &http_get(&format!("http://{NAMED}/"), "b.test")).await;
+    assert!(out.starts_with("403"), "{out}");
+    assert!(out.contains("b.test"), "the refusal says why: {out}");
+    // No name at all (a bare address in the TLS hello), and a port the rule does not name.
+    let out = py(&ch, &id, &tls(NAMED, NAMED)).await;
+    assert!(out.starts_with("refused"), "{out}");
+    assert_eq!(probe(&ch, &id, NAMED, 9000).await, "refused");
+    // The proxy is not a door of its own: straight to its port is dropped.
+    let gw = address(&ch, &id)
+        .await
+        .rsplit_once('.')
+        .map(|(a, b)| format!("{a}.{}", b.parse::<u8>().unwrap() - 1))
+        .unwrap();
+    let got = probe(&ch, &id, &gw, 10080).await;
+    assert!(
+        got == "timeout" || got == "refused",
+        "the proxy's own port: {got}"
+    );
+
+    // A resolved address closes again after its TTL (here the node's minimum, 2 s) unless
+    // resolved again.
+    assert_eq!(py(&ch, &id, &resolve("a.test")).await, NAMED);
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let out = py(&ch, &id, &tls(NAMED, "a.test")).await;
+    assert!(out.starts_with("refused"), "an expired address: {out}");
+    assert_eq!(
+        py(&ch, &id, &tls("a.test", "a.test")).await,
+        "tls a.test",
+        "resolved again"
+    );
+
+    // Bytes through the proxy are metered like any.
+    let before = w.world_bytes();
+    let (out, u) = sh_in(&ch, &id, "python3 -c \"import urllib.request as u; print(len(u.urlopen('http://a.test/blob', timeout=10).read()))\"").await;
+    assert_eq!(out.trim(), (10 << 20).to_string());
+    let after = w.world_bytes();
+    within_one_percent(
+        "download through the proxy",
+        u.network_ingress_bytes,
+        after.1 - before.1,
+        0,
+    );
+
+    // A name grant: resolving opens it on its ports; a name whose address is never
+    // reachable resolves to nothing.
+    let g = grant(&ch, &id, policy(vec![host_rule("echo.test", &[9000])]), 0)
+        .await
+        .unwrap();
+    assert_eq!(py(&ch, &id, &resolve("echo.test")).await, WORLD);
+    assert_eq!(probe(&ch, &id, WORLD, 9000).await, "open");
+    assert_eq!(probe(&ch, &id, WORLD, 9001).await, "refused");
+    let m = grant(&ch, &id, policy(vec![host_rule("meta.test", &[])]), 0)
+        .await
+        .unwrap();
+    let out = py(&ch, &id, &resolve("meta.test")).await;
+    assert!(out.is_empty() || out.starts_with("gaierror"), "{out}");
+    revoke(&ch, &id, &m).await.unwrap();
+    revoke(&ch, &id, &g).await.unwrap();
+    assert_eq!(probe(&ch, &id, WORLD, 9000).await, "refused");
+    assert!(py(&ch, &id, &resolve("echo.test"))
+        .await
+        .starts_with("gaierror"));
+
+    // Revoking a name grant cuts the proxy's connections it carried.
+    let g = grant(&ch, &id, policy(vec![host_rule("web.test", &[80])]), 0)
+        .await
+        .unwrap();
+    let mut talk = open_argv(&ch, &id, &["python3", "-c", "\nimport http.client, time\nc = http.client.HTTPConnection('web.test', 80, timeout=5)\nn = 0\n\
+        try:\n    while True:\n        c.request('GET', '/')\n        r = c.getresponse()\n        r.read()\n        n += 1\n        if n == 3:\n            print('talking', flush=True)\n        time.sleep(0.05)\n\
+        except Exception as e:\n    print('cut:', type(e).__name__, flush=True)\n"]).await;
+    let mut out = String::new();
+    while !out.contains("talking") {
+        match s_next(&mut talk).await {
+            Some(t) => out += &t,
+            None => panic!("the conversation never started: {out}"),
+        }
+    }
+    let t0 = Instant::now();
+    revoke(&ch, &id, &g).await.unwrap();
+    let e = finish(&mut talk, &mut out).await;
+    assert_eq!(e.code, 0, "{out}");
+    assert!(out.contains("cut:"), "{out}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "the cut took {:?}",
+        t0.elapsed()
+    );
+
+    // A bad name is refused up front.
+    let bad = grant(&ch, &id, policy(vec![host_rule("not a name", &[])]), 0).await;
+    assert_eq!(bad.unwrap_err().code(), Code::InvalidArgument);
 }

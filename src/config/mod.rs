@@ -251,6 +251,32 @@ pub struct EgressConfig {
     /// Prefix of the sandboxes' host-side interfaces and namespaces (at most 9 characters).
     #[serde(default = "default_egress_prefix")]
     pub iface_prefix: String,
+    /// The resolver the node asks for names a sandbox may resolve (`ADDR:PORT`); empty = the
+    /// first `nameserver` of the node's `/etc/resolv.conf`, port 53.
+    #[serde(default)]
+    pub dns_upstream: String,
+    /// The port of the node's DNS answering for sandboxes (every sandbox packet to port 53 is
+    /// redirected to it; nobody else reaches it).
+    #[serde(default = "default_dns_port")]
+    pub dns_port: u16,
+    /// The port of the node's Host/SNI-checking proxy (sandbox connections to ports 80 and 443
+    /// of names' addresses are redirected to it; nobody else reaches it).
+    #[serde(default = "default_proxy_port")]
+    pub proxy_port: u16,
+    /// The shortest time an address a name resolved to stays open, whatever its TTL (an
+    /// application connects a moment after it resolves).
+    #[serde(default = "default_dns_min_ttl")]
+    pub dns_min_ttl_secs: u32,
+}
+
+fn default_dns_port() -> u16 {
+    10053
+}
+fn default_proxy_port() -> u16 {
+    10080
+}
+fn default_dns_min_ttl() -> u32 {
+    30
 }
 
 fn default_egress_pool() -> String {
@@ -271,6 +297,10 @@ impl Default for EgressConfig {
             never: Vec::new(),
             table: default_egress_table(),
             iface_prefix: default_egress_prefix(),
+            dns_upstream: String::new(),
+            dns_port: default_dns_port(),
+            proxy_port: default_proxy_port(),
+            dns_min_ttl_secs: default_dns_min_ttl(),
         }
     }
 }
@@ -414,6 +444,19 @@ impl Config {
                 crate::egress::Layout::new(&e.table, &e.iface_prefix, &e.pool, &e.uplink, &e.never)
             {
                 return bad(format!("[egress]: {err}"));
+            }
+            if e.dns_port == 0 || e.proxy_port == 0 || e.dns_port == e.proxy_port {
+                return bad(format!(
+                    "[egress]: dns_port {} and proxy_port {} must be two ports",
+                    e.dns_port, e.proxy_port
+                ));
+            }
+            if !e.dns_upstream.is_empty() && e.dns_upstream.parse::<std::net::SocketAddr>().is_err()
+            {
+                return bad(format!(
+                    "[egress]: dns_upstream {:?} is not an address:port",
+                    e.dns_upstream
+                ));
             }
         }
         if self.listen.parse::<std::net::SocketAddr>().is_err() && !self.listen.is_empty() {

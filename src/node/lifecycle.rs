@@ -100,7 +100,7 @@ impl Node {
             sh.into_iter().chain(["-c".into(), script]).collect()
         };
         let host = self.host_limits(&sb.limits);
-        let (netns, hosts) = self.network_of(sb).unzip();
+        let (netns, net_files) = self.network_of(sb).unzip();
         spec::sandbox_spec(&spec::SandboxSpec {
             hostname: format!("sandbox-{}", &sb.id[..8]),
             init_args,
@@ -124,7 +124,7 @@ impl Node {
             memory_limit: host.memory_limit,
             pids_limit: host.pids_limit,
             netns,
-            hosts,
+            net_files,
         })
     }
 

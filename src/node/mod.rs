@@ -19,6 +19,7 @@
 
 mod agent;
 mod capacity;
+mod capture;
 pub mod create;
 mod error;
 pub mod exec;

@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::{blocking, record, Error, Node, Result, Sandbox};
-use crate::egress::{self, Allow, Cidr, Element, Layout};
+use crate::egress::dns::{NamePattern, Resolved};
+use crate::egress::{self, Allow, Capture, Cidr, Element, Layout, Named, Proto};
 use crate::platform::records::EgressPolicy;
 
 /// The longest grant TTL (a day).
@@ -90,17 +91,110 @@ pub struct Egress {
     pub grants: Vec<Grant>,
 }
 
-struct Binding {
+#[derive(Default)]
+pub(super) struct Binding {
     slot: u32,
     base: EgressPolicy,
     grants: Vec<Grant>,
+    /// Addresses allowed names resolved to for this sandbox (through the capture's DNS).
+    resolved: Vec<ResolvedAddr>,
+    /// Connections the capture's proxy carries for it now.
+    pub(super) proxied: Vec<Proxied>,
     /// What is in the kernel now.
     applied: Vec<Element>,
+    applied_named: Vec<Named>,
+}
+
+/// An address a name resolved to, open until `expires_ms`.
+#[derive(Debug, Clone)]
+struct ResolvedAddr {
+    name: String,
+    addr: Ipv4Addr,
+    expires_ms: u64,
+}
+
+/// A connection of the proxy: what it was let through for, and how to end it.
+pub(super) struct Proxied {
+    /// Its number.
+    pub conn: u64,
+    /// The name its first bytes asked for.
+    pub name: String,
+    /// Its destination port (80 or 443).
+    pub port: u16,
+    /// Its destination address.
+    pub addr: Ipv4Addr,
+    /// Cancelled when what is in force no longer allows it.
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+/// One rule of a sandbox's policy in force: a DNS name pattern, its ports (empty: all), its
+/// transport ("" = both) and when it ends (None: with the sandbox).
+struct NameRule {
+    pattern: NamePattern,
+    ports: Vec<u16>,
+    protocol: String,
+    expires_ms: Option<u64>,
+}
+
+impl Binding {
+    /// The name rules in force at `now`: the base policy's and every active grant's.
+    fn name_rules(&self, now: u64) -> Vec<NameRule> {
+        let mut out = Vec::new();
+        let mut add = |p: &EgressPolicy, expires_ms: Option<u64>| {
+            for r in &p.rules {
+                if Cidr::parse(&r.destination).is_ok() {
+                    continue;
+                }
+                if let Ok(pattern) = NamePattern::parse(&r.destination) {
+                    out.push(NameRule {
+                        pattern,
+                        ports: r.ports.clone(),
+                        protocol: r.protocol.clone(),
+                        expires_ms,
+                    });
+                }
+            }
+        };
+        add(&self.base, None);
+        for g in self.grants.iter().filter(|g| !g.expired(now)) {
+            add(&g.policy, (g.expires_at_ms != 0).then_some(g.expires_at_ms));
+        }
+        out
+    }
+
+    /// Whether a name may resolve for this sandbox now.
+    pub(super) fn name_allowed(&self, name: &str) -> bool {
+        self.name_rules(now_ms())
+            .iter()
+            .any(|r| r.pattern.matches(name))
+    }
+
+    /// Whether the proxy may carry a TCP connection to `name` at `addr:port` now: a rule allows
+    /// the name on that port, and the name resolved to that address for this sandbox.
+    pub(super) fn proxy_allowed(&self, name: &str, port: u16, addr: Ipv4Addr) -> bool {
+        let now = now_ms();
+        let ruled = self.name_rules(now).iter().any(|r| {
+            r.pattern.matches(name)
+                && (r.ports.is_empty() || r.ports.contains(&port))
+                && (r.protocol.is_empty() || r.protocol == "tcp")
+        });
+        ruled
+            && self
+                .resolved
+                .iter()
+                .any(|x| x.name == name && x.addr == addr && x.expires_ms > now)
+    }
 }
 
 /// The node's sandbox networks.
 pub(super) struct Net {
     pub layout: Layout,
+    /// Where the capture listens.
+    pub capture: Capture,
+    /// The resolver allowed names are asked of (None: none known; such queries fail).
+    pub upstream: Option<std::net::SocketAddr>,
+    /// The shortest time a resolved address stays open.
+    min_ttl_secs: u32,
     /// `<run_dir>/net`: a file per networked sandbox id (what the runsc wrapper looks for),
     /// and its `/etc/hosts`.
     dir: PathBuf,
@@ -174,22 +268,56 @@ fn allows_of(p: &EgressPolicy) -> Vec<Allow> {
     out
 }
 
-/// UNIMPLEMENTED for a policy naming DNS names: their DNS answering and the Host/SNI check on
-/// ports 53, 80 and 443 are not built yet. INVALID_ARGUMENT for a bad rule.
+/// INVALID_ARGUMENT for a bad rule (a destination that is neither a CIDR nor a DNS name).
 pub fn check_policy(p: &EgressPolicy) -> Result<()> {
     p.check()
         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-    if let Some(r) = p
-        .rules
-        .iter()
-        .find(|r| Cidr::parse(&r.destination).is_err())
-    {
-        return Err(Error::Unimplemented(format!(
-            "egress to DNS names ({:?}) is not served yet: only CIDR rules are",
-            r.destination
-        )));
+    for r in &p.rules {
+        if Cidr::parse(&r.destination).is_err() {
+            NamePattern::parse(&r.destination)
+                .map_err(|e| Error::InvalidArgument(format!("egress destination: {e}")))?;
+        }
     }
     Ok(())
+}
+
+/// The first `nameserver` of the node's `/etc/resolv.conf`, port 53 (IPv4 or IPv6).
+fn resolv_conf_nameserver() -> Option<std::net::SocketAddr> {
+    let text = std::fs::read_to_string("/etc/resolv.conf").ok()?;
+    text.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        (w.next() == Some("nameserver"))
+            .then(|| w.next())
+            .flatten()
+            .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+            .map(|ip| std::net::SocketAddr::new(ip, 53))
+    })
+}
+
+/// The port ranges of `ports` (empty: every port) without 80 and 443, which the capture's
+/// proxy owns for names.
+fn ranges_without_web(ports: &[u16]) -> Vec<(u16, u16)> {
+    let mut sorted: Vec<u16> = if ports.is_empty() {
+        Vec::new()
+    } else {
+        let mut v = ports.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let mut out = Vec::new();
+    if sorted.is_empty() {
+        out.extend([(1, 79), (81, 442), (444, u16::MAX)]);
+        return out;
+    }
+    sorted.retain(|p| *p != 80 && *p != 443);
+    for p in sorted {
+        match out.last_mut() {
+            Some((_, hi)) if hi.checked_add(1) == Some(p) => *hi = p,
+            _ => out.push((p, p)),
+        }
+    }
+    out
 }
 
 /// One conntrack entry's original direction: protocol, source, destination, ports.
@@ -241,10 +369,23 @@ impl Net {
         let Some(e) = &cfg.egress else {
             return Ok(None);
         };
+        let capture = Capture {
+            dns_port: e.dns_port,
+            proxy_port: e.proxy_port,
+        };
         let layout = Layout::new(&e.table, &e.iface_prefix, &e.pool, &e.uplink, &e.never)
-            .map_err(|e| format!("[egress]: {e}"))?;
+            .map_err(|e| format!("[egress]: {e}"))?
+            .with_capture(capture);
+        let upstream = if e.dns_upstream.is_empty() {
+            resolv_conf_nameserver()
+        } else {
+            e.dns_upstream.parse().ok()
+        };
         let (ended_tx, ended_rx) = tokio::sync::mpsc::unbounded_channel();
         Ok(Some(Net {
+            capture,
+            upstream,
+            min_ttl_secs: e.dns_min_ttl_secs,
             ended_tx,
             ended_rx: Mutex::new(Some(ended_rx)),
             layout,
@@ -288,6 +429,11 @@ impl Net {
         self.dir.join(format!("{id}.hosts"))
     }
 
+    /// The `/etc/resolv.conf` of sandbox `id`.
+    pub fn resolv_file(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.resolv"))
+    }
+
     /// Makes the namespace, the veth pair with its addresses and routes, the wrapper's marker
     /// and the sandbox's `/etc/hosts` (blocking; what exists already is kept). Returns whether
     /// the veth is a new one (its counters start from zero).
@@ -320,6 +466,10 @@ impl Net {
             format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n{sandbox}\t{hostname}\n"),
         )
         .map_err(|e| e.to_string())?;
+        // Any address answers DNS (the capture takes every packet to port 53); the veth's
+        // host side is the one a sandbox surely has a route to.
+        std::fs::write(self.resolv_file(id), format!("nameserver {host}\n"))
+            .map_err(|e| e.to_string())?;
         std::fs::write(self.dir.join(id), ns.display().to_string()).map_err(|e| e.to_string())?;
         Ok(fresh)
     }
@@ -339,35 +489,82 @@ impl Net {
         }
         let _ = std::fs::remove_file(self.dir.join(id));
         let _ = std::fs::remove_file(self.hosts_file(id));
+        let _ = std::fs::remove_file(self.resolv_file(id));
     }
 
-    /// The elements a binding needs now.
-    fn wanted(&self, b: &Binding) -> Vec<Element> {
+    /// The elements a binding needs now: the CIDR rules' and, for the addresses allowed names
+    /// resolved to, their ports but 80 and 443 in `grants4` and the address in `named4` (its
+    /// 80 and 443 go through the proxy) when the rule covers those.
+    fn wanted(&self, b: &Binding) -> (Vec<Element>, Vec<Named>) {
         let now = now_ms();
+        let secs = |at: u64| at.saturating_sub(now).div_ceil(1000);
         let mut allows: Vec<(Allow, Option<u64>)> =
             allows_of(&b.base).into_iter().map(|a| (a, None)).collect();
         for g in b.grants.iter().filter(|g| !g.expired(now)) {
-            let ttl = (g.expires_at_ms != 0).then(|| (g.expires_at_ms - now).div_ceil(1000));
+            let ttl = (g.expires_at_ms != 0).then(|| secs(g.expires_at_ms));
             allows.extend(allows_of(&g.policy).into_iter().map(|a| (a, ttl)));
         }
-        egress::elements(&self.layout.iface(b.slot), &allows)
+        let iface = self.layout.iface(b.slot);
+        let mut named: Vec<Named> = Vec::new();
+        for r in b.name_rules(now) {
+            let protos = match r.protocol.as_str() {
+                "tcp" => vec![Proto::Tcp],
+                "udp" => vec![Proto::Udp],
+                _ => vec![Proto::Tcp, Proto::Udp],
+            };
+            let web = protos.contains(&Proto::Tcp)
+                && (r.ports.is_empty() || r.ports.iter().any(|p| *p == 80 || *p == 443));
+            for x in b
+                .resolved
+                .iter()
+                .filter(|x| x.expires_ms > now && r.pattern.matches(&x.name))
+            {
+                let until = r.expires_ms.map_or(x.expires_ms, |e| e.min(x.expires_ms));
+                let cidr = Cidr {
+                    addr: x.addr.into(),
+                    prefix: 32,
+                };
+                for &proto in &protos {
+                    for ports in ranges_without_web(&r.ports) {
+                        allows.push((Allow { cidr, proto, ports }, Some(secs(until))));
+                    }
+                }
+                if web {
+                    match named.iter_mut().find(|n| n.addr == x.addr) {
+                        Some(n) => n.timeout = n.timeout.max(Some(secs(until))),
+                        None => named.push(Named {
+                            iface: iface.clone(),
+                            addr: x.addr,
+                            timeout: Some(secs(until)),
+                        }),
+                    }
+                }
+            }
+        }
+        (egress::elements(&iface, &allows), named)
     }
 
-    /// Cuts the connections of sandbox `slot` that what it may reach now (`elements`) no
-    /// longer opens.
-    fn cut(&self, slot: u32, elements: &[Element]) {
+    /// Cuts the connections of sandbox `slot` that what it may reach now (`elements`, and
+    /// ports 80 and 443 of `named` addresses, whose proxy cuts its own) no longer opens.
+    fn cut(&self, slot: u32, elements: &[Element], named: &[Named]) {
         let (_, addr) = self.layout.addrs(slot);
         let addr = addr.to_string();
         let Ok(listing) = run("conntrack", &["-L", "-s", &addr], None) else {
             return;
         };
         for f in flows(&listing) {
-            let open = elements.iter().any(|e| {
-                e.allow.proto == f.proto
-                    && e.allow.cidr.contains(f.dst.into())
-                    && e.allow.ports.0 <= f.dport
-                    && f.dport <= e.allow.ports.1
-            });
+            let web = f.proto == egress::Proto::Tcp
+                && (f.dport == 80 || f.dport == 443)
+                && named.iter().any(|n| n.addr == f.dst);
+            let dns = f.dport == 53;
+            let open = web
+                || dns
+                || elements.iter().any(|e| {
+                    e.allow.proto == f.proto
+                        && e.allow.cidr.contains(f.dst.into())
+                        && e.allow.ports.0 <= f.dport
+                        && f.dport <= e.allow.ports.1
+                });
             if open {
                 continue;
             }
@@ -418,11 +615,86 @@ impl Node {
         }
     }
 
-    /// The network namespace and `/etc/hosts` of a networked sandbox, for its spec.
-    pub(super) fn network_of(&self, sb: &Sandbox) -> Option<(PathBuf, PathBuf)> {
+    /// The network namespace, `/etc/hosts` and `/etc/resolv.conf` of a networked sandbox, for
+    /// its spec.
+    pub(super) fn network_of(&self, sb: &Sandbox) -> Option<(PathBuf, [PathBuf; 2])> {
         let slot = sb.platform.as_ref()?.network?;
         let n = self.net()?;
-        Some((n.netns_path(slot), n.hosts_file(&sb.id)))
+        Some((
+            n.netns_path(slot),
+            [n.hosts_file(&sb.id), n.resolv_file(&sb.id)],
+        ))
+    }
+
+    /// The sandbox whose address `peer` is (its network's), if any.
+    pub(super) fn sandbox_at(&self, peer: std::net::SocketAddr) -> Option<String> {
+        let std::net::IpAddr::V4(ip) = peer.ip() else {
+            return None;
+        };
+        let n = self.net()?;
+        let slot = n.layout.slot_of_addr(ip)?;
+        lock(&n.bindings)
+            .iter()
+            .find(|(_, b)| b.slot == slot)
+            .map(|(id, _)| id.clone())
+    }
+
+    /// `f` of sandbox `id`'s binding (None: it has none).
+    pub(super) fn with_binding<R>(&self, id: &str, f: impl FnOnce(&Binding) -> R) -> Option<R> {
+        let n = self.net()?;
+        let b = lock(&n.bindings);
+        b.get(id).map(f)
+    }
+
+    /// `f` of sandbox `id`'s binding, to change it (None: it has none).
+    pub(super) fn with_binding_mut<R>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Binding) -> R,
+    ) -> Option<R> {
+        let n = self.net()?;
+        let mut b = lock(&n.bindings);
+        b.get_mut(id).map(f)
+    }
+
+    /// Notes addresses names resolved to for sandbox `id`, each open for its TTL (at least the
+    /// node's minimum). Whether the table needs them: an address new to it, or one whose
+    /// opening would otherwise end before half its new TTL.
+    pub(super) fn note_resolved(&self, id: &str, resolved: &[Resolved]) -> bool {
+        let Some(n) = self.net() else {
+            return false;
+        };
+        let now = now_ms();
+        let min = n.min_ttl_secs;
+        self.with_binding_mut(id, |b| {
+            let mut changed = false;
+            for r in resolved {
+                let ttl = u64::from(r.ttl.max(min)) * 1000;
+                let until = now + ttl;
+                match b
+                    .resolved
+                    .iter_mut()
+                    .find(|x| x.name == r.name && x.addr == r.addr)
+                {
+                    Some(x) => {
+                        if x.expires_ms < now + ttl / 2 {
+                            changed = true;
+                        }
+                        x.expires_ms = x.expires_ms.max(until);
+                    }
+                    None => {
+                        changed = true;
+                        b.resolved.push(ResolvedAddr {
+                            name: r.name.clone(),
+                            addr: r.addr,
+                            expires_ms: until,
+                        });
+                    }
+                }
+            }
+            changed
+        })
+        .unwrap_or(false)
     }
 
     /// The host-side interface of a networked sandbox (what its meter reads).
@@ -463,9 +735,7 @@ impl Node {
             let mut b = lock(&n.bindings);
             let e = b.entry(sb.id.clone()).or_insert_with(|| Binding {
                 slot,
-                base: EgressPolicy::default(),
-                grants: Vec::new(),
-                applied: Vec::new(),
+                ..Default::default()
             });
             e.base = base;
         }
@@ -477,38 +747,54 @@ impl Node {
     }
 
     /// Puts a sandbox's elements in the kernel as its binding says now (and its source
-    /// address with `source`), in one transaction; cuts the connections nothing opens any more.
-    async fn apply_egress(&self, id: &str, source: bool) -> Result<()> {
+    /// address with `source`), in one transaction; cuts the connections nothing opens any more
+    /// (the proxy's too).
+    pub(super) async fn apply_egress(&self, id: &str, source: bool) -> Result<()> {
         let Some(n) = self.net() else {
             return Ok(());
         };
         let _g = n.apply.lock().await;
-        let (slot, script, new) = {
-            let b = lock(&n.bindings);
-            let Some(b) = b.get(id) else {
+        let (slot, script, new, named) = {
+            let mut b = lock(&n.bindings);
+            let Some(b) = b.get_mut(id) else {
                 return Ok(());
             };
-            let new = n.wanted(b);
+            let now = now_ms();
+            b.resolved.retain(|x| x.expires_ms > now);
+            let (new, named) = n.wanted(b);
             let mut script = if source {
                 n.layout.source(b.slot)
             } else {
                 String::new()
             };
             script += &n.layout.change(&b.applied, &new);
-            (b.slot, script, new)
+            script += &n.layout.change_named(&b.applied_named, &named);
+            (b.slot, script, new, named)
         };
         let node = self.clone();
-        let elements = new.clone();
+        let (elements, names) = (new.clone(), named.clone());
         blocking(move || {
             let n = node.net().expect("checked above");
             nft(&script)?;
-            n.cut(slot, &elements);
+            n.cut(slot, &elements, &names);
             Ok::<(), String>(())
         })
         .await?
         .map_err(internal("egress rules"))?;
         if let Some(b) = lock(&n.bindings).get_mut(id) {
             b.applied = new;
+            b.applied_named = named;
+            // The proxy's connections that what is in force no longer allows end now.
+            let still: Vec<bool> = b
+                .proxied
+                .iter()
+                .map(|p| b.proxy_allowed(&p.name, p.port, p.addr))
+                .collect();
+            for (p, ok) in b.proxied.iter().zip(still) {
+                if !ok {
+                    p.cancel.cancel();
+                }
+            }
         }
         Ok(())
     }
@@ -524,11 +810,18 @@ impl Node {
             return;
         };
         let _g = n.apply.lock().await;
-        let applied = lock(&n.bindings)
+        let (applied, named) = lock(&n.bindings)
             .remove(&sb.id)
-            .map(|b| b.applied)
+            .map(|b| {
+                for p in &b.proxied {
+                    p.cancel.cancel();
+                }
+                (b.applied, b.applied_named)
+            })
             .unwrap_or_default();
-        let script = n.layout.unsource(slot) + &n.layout.change(&applied, &[]);
+        let script = n.layout.unsource(slot)
+            + &n.layout.change(&applied, &[])
+            + &n.layout.change_named(&named, &[]);
         let node = self.clone();
         let id = sb.id.clone();
         let r = blocking(move || {
@@ -536,7 +829,7 @@ impl Node {
             if let Err(e) = nft(&script) {
                 warn!(sandbox_id = %id, error = %e, "could not remove the sandbox's egress rules");
             }
-            n.cut(slot, &[]);
+            n.cut(slot, &[], &[]);
             n.unmake(&id, slot);
         })
         .await;
@@ -800,7 +1093,7 @@ impl Node {
                 slot,
                 base,
                 grants,
-                applied: Vec::new(),
+                ..Default::default()
             },
         );
     }
@@ -819,10 +1112,12 @@ impl Node {
             let mut elements = String::new();
             let mut owned = BTreeSet::new();
             for v in b.values_mut() {
-                let want = n.wanted(v);
+                let (want, named) = n.wanted(v);
                 elements += &n.layout.source(v.slot);
                 elements += &n.layout.change(&[], &want);
+                elements += &n.layout.change_named(&[], &named);
                 v.applied = want;
+                v.applied_named = named;
                 owned.insert(v.slot);
             }
             (n.layout.script(&elements), owned)
@@ -849,7 +1144,7 @@ impl Node {
                     continue;
                 }
                 info!(iface = %name, "removing a sandbox network no record owns");
-                n.cut(slot, &[]);
+                n.cut(slot, &[], &[]);
                 n.unmake("", slot);
             }
             Ok::<(), String>(())
@@ -878,7 +1173,7 @@ mod tests {
     }
 
     #[test]
-    fn dns_name_rules_wait_for_their_capture() {
+    fn policies_take_cidrs_and_dns_names() {
         let p = |d: &str| EgressPolicy {
             rules: vec![crate::platform::records::EgressRule {
                 destination: d.into(),
@@ -887,14 +1182,78 @@ mod tests {
             }],
         };
         assert!(check_policy(&p("198.18.0.0/24")).is_ok());
-        assert!(matches!(
-            check_policy(&p("api.example.com")),
-            Err(Error::Unimplemented(_))
-        ));
+        assert!(check_policy(&p("api.example.com")).is_ok());
+        assert!(check_policy(&p("*.example.com")).is_ok());
         assert!(matches!(
             check_policy(&p("not a thing")),
             Err(Error::InvalidArgument(_))
         ));
+    }
+
+    #[test]
+    fn names_leave_ports_80_and_443_to_the_proxy() {
+        assert_eq!(
+            ranges_without_web(&[]),
+            vec![(1, 79), (81, 442), (444, u16::MAX)]
+        );
+        assert_eq!(ranges_without_web(&[443]), vec![]);
+        assert_eq!(
+            ranges_without_web(&[22, 80, 5432, 5433]),
+            vec![(22, 22), (5432, 5433)]
+        );
+    }
+
+    #[test]
+    fn bindings_allow_names_by_rule_and_the_proxy_by_resolution() {
+        let rule = |d: &str, ports: Vec<u16>| crate::platform::records::EgressRule {
+            destination: d.into(),
+            ports,
+            protocol: String::new(),
+        };
+        let now = now_ms();
+        let mut b = Binding {
+            base: EgressPolicy {
+                rules: vec![rule("*.pypi.org", vec![443])],
+            },
+            grants: vec![Grant {
+                id: "g".into(),
+                policy: EgressPolicy {
+                    rules: vec![rule("api.test", vec![])],
+                },
+                created_at_ms: now,
+                expires_at_ms: now + 60_000,
+                reason: String::new(),
+                granted_by: String::new(),
+                bytes_at_grant: [0, 0],
+            }],
+            ..Default::default()
+        };
+        assert!(b.name_allowed("files.pypi.org"));
+        assert!(b.name_allowed("api.test"));
+        assert!(!b.name_allowed("pypi.org"));
+        assert!(!b.name_allowed("other.test"));
+        let a: Ipv4Addr = "198.18.0.10".parse().unwrap();
+        assert!(
+            !b.proxy_allowed("files.pypi.org", 443, a),
+            "not resolved yet"
+        );
+        b.resolved.push(ResolvedAddr {
+            name: "files.pypi.org".into(),
+            addr: a,
+            expires_ms: now + 30_000,
+        });
+        assert!(b.proxy_allowed("files.pypi.org", 443, a));
+        assert!(
+            !b.proxy_allowed("files.pypi.org", 80, a),
+            "port 80 is not in its rule"
+        );
+        assert!(
+            !b.proxy_allowed("api.test", 443, a),
+            "api.test never resolved to it"
+        );
+        assert!(!b.proxy_allowed("files.pypi.org", 443, "198.18.0.11".parse().unwrap()));
+        b.grants[0].expires_at_ms = now - 1;
+        assert!(!b.name_allowed("api.test"), "an expired grant's names");
     }
 
     #[test]

@@ -88,6 +88,7 @@ impl Node {
         }
         // The table from the records, before any sandbox's traffic is let through again.
         self.rebuild_network().await?;
+        self.spawn_capture().await?;
         self.recover_tombstones().await?;
         self.gc_run_logs().await;
         Ok(n)

@@ -58,8 +58,9 @@ pub struct SandboxSpec<'a> {
     /// The network namespace it joins (runsc `--network=sandbox` then takes its interface);
     /// None: a namespace of its own with nothing in it.
     pub netns: Option<std::path::PathBuf>,
-    /// A file bind-mounted read-only at `/etc/hosts` (its own name and address).
-    pub hosts: Option<std::path::PathBuf>,
+    /// Files bind-mounted read-only at `/etc/hosts` (its own name and address) and
+    /// `/etc/resolv.conf` (the node's DNS answering), for a sandbox with a network.
+    pub net_files: Option<[std::path::PathBuf; 2]>,
 }
 
 /// A host directory bind-mounted into a sandbox.
@@ -108,9 +109,11 @@ pub fn sandbox_spec(s: &SandboxSpec<'_>) -> Vec<u8> {
     for m in &s.extra_mounts {
         mounts.push(bind(&m.source, &m.destination, m.read_only));
     }
-    if let Some(h) = &s.hosts {
-        mounts.push(json!({"destination": "/etc/hosts", "type": "bind",
-            "source": h.display().to_string(), "options": ["rbind", "ro"]}));
+    if let Some([hosts, resolv]) = &s.net_files {
+        for (dest, f) in [("/etc/hosts", hosts), ("/etc/resolv.conf", resolv)] {
+            mounts.push(json!({"destination": dest, "type": "bind",
+                "source": f.display().to_string(), "options": ["rbind", "ro"]}));
+        }
     }
     if let Some(h) = s.helpers_dir {
         mounts.push(json!({"destination": "/.compute", "type": "bind",
@@ -239,7 +242,10 @@ mod tests {
             memory_limit: 1 << 30,
             pids_limit: 100,
             netns: Some("/run/netns/cs-7".into()),
-            hosts: Some("/run/compute/net/x.hosts".into()),
+            net_files: Some([
+                "/run/compute/net/x.hosts".into(),
+                "/run/compute/net/x.resolv".into(),
+            ]),
         };
         let v: Value = serde_json::from_slice(&sandbox_spec(&s)).unwrap();
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 25000);
@@ -259,6 +265,10 @@ mod tests {
         );
         assert_eq!(at("/data")["options"][1], "ro");
         assert_eq!(at("/etc/hosts")["options"][1], "ro");
+        assert_eq!(
+            at("/etc/resolv.conf")["source"],
+            "/run/compute/net/x.resolv"
+        );
         let ns = v["linux"]["namespaces"].as_array().unwrap();
         assert!(ns.contains(&json!({"type": "network", "path": "/run/netns/cs-7"})));
     }

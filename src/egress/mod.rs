@@ -18,7 +18,10 @@
 //! Sandboxes have no IPv6: an IPv6 packet from one is dropped, and IPv6 rules open nothing.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
+
+pub mod dns;
+pub mod hello;
 
 /// A bad CIDR or rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -292,6 +295,41 @@ pub struct Layout {
     pub uplink: String,
     /// More never-reachable blocks (the cluster's pod and service ranges, metadata servers).
     pub never: Vec<Cidr>,
+    /// The node's capture of ports 53, 80 and 443 ([`Layout::with_capture`]); None: none.
+    pub capture: Option<Capture>,
+}
+
+/// Where the node's egress capture listens: every sandbox packet to port 53 is redirected to
+/// `dns_port`, and a TCP connection to port 80 or 443 of an address an allowed name resolved
+/// to (set `named4`) to `proxy_port`, where its Host or SNI is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capture {
+    /// The node's DNS answering (UDP and TCP).
+    pub dns_port: u16,
+    /// The node's Host/SNI-checking proxy (TCP).
+    pub proxy_port: u16,
+}
+
+/// One element of the `named4` set: a sandbox's interface, an address an allowed name resolved
+/// to for it (its ports 80 and 443 go through the capture's proxy) and its seconds left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Named {
+    /// The sandbox's host-side interface.
+    pub iface: String,
+    /// The address.
+    pub addr: Ipv4Addr,
+    /// Seconds left (the kernel removes it then); None = no expiry.
+    pub timeout: Option<u64>,
+}
+
+impl fmt::Display for Named {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\" . {}", self.iface, self.addr)?;
+        if let Some(t) = self.timeout {
+            write!(f, " timeout {}s", t.max(1))?;
+        }
+        Ok(())
+    }
 }
 
 fn check_name(what: &str, v: &str, max: usize) -> Result<(), Invalid> {
@@ -339,7 +377,33 @@ impl Layout {
             pool,
             uplink: uplink.to_string(),
             never,
+            capture: None,
         })
+    }
+
+    /// The same layout with the egress capture on these ports.
+    pub fn with_capture(mut self, capture: Capture) -> Layout {
+        self.capture = Some(capture);
+        self
+    }
+
+    /// Every block no grant opens: [`always_never`], the pool itself and the configured ones.
+    pub fn never_reachable(&self) -> Vec<Cidr> {
+        let mut all = always_never();
+        all.push(self.pool);
+        all.extend(self.never.iter().copied());
+        all
+    }
+
+    /// The slot whose sandbox has address `addr` (its /30's second address), if any.
+    pub fn slot_of_addr(&self, addr: Ipv4Addr) -> Option<u32> {
+        let IpAddr::V4(base) = self.pool.addr else {
+            return None;
+        };
+        let off = u32::from(addr).checked_sub(u32::from(base))?;
+        let slot = off / 4;
+        (off % 4 == 2 && slot < self.slots() && self.pool.contains(IpAddr::V4(addr)))
+            .then_some(slot)
     }
 
     /// `inet <table>`.
@@ -390,9 +454,7 @@ impl Layout {
     /// a sandbox are only the replies of its own. Leaving by a non-sandbox interface, a
     /// sandbox's source address is masqueraded.
     pub fn script(&self, elements: &str) -> String {
-        let mut all = always_never();
-        all.push(self.pool);
-        all.extend(self.never.iter().filter(|c| c.addr.is_ipv4()));
+        let all = self.never_reachable();
         let never: Vec<String> = all
             .iter()
             .filter(|c| c.addr.is_ipv4())
@@ -410,6 +472,33 @@ impl Layout {
         } else {
             format!(" oifname \"{}\"", self.uplink)
         };
+        // The capture: the redirects (before routing, so a connection's first packet already
+        // goes to the node), and the node's listeners open to sandboxes' redirected packets
+        // only (nobody else reaches those ports).
+        let (capture_in, capture_others, capture_chain) = match self.capture {
+            None => (String::new(), String::new(), String::new()),
+            Some(c) => {
+                let ports = format!(
+                    "{{ udp . {d}, tcp . {d}, tcp . {x} }}",
+                    d = c.dns_port,
+                    x = c.proxy_port
+                );
+                (
+                    format!("\t\tiifname \"{p}*\" ct status dnat meta l4proto . th dport {ports} accept\n"),
+                    format!("\t\tmeta l4proto . th dport {ports} drop\n"),
+                    format!(
+                        "\tchain capture {{\n\
+                         \t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+                         \t\tiifname \"{p}*\" meta l4proto {{ tcp, udp }} th dport 53 redirect to :{d}\n\
+                         \t\tiifname \"{p}*\" iifname . ip daddr . meta l4proto . th dport @grants4 return\n\
+                         \t\tiifname \"{p}*\" tcp dport {{ 80, 443 }} iifname . ip daddr @named4 redirect to :{x}\n\
+                         \t}}\n",
+                        d = c.dns_port,
+                        x = c.proxy_port
+                    ),
+                )
+            }
+        };
         format!(
             "table {t} {{}}\n\
              delete table {t}\n\
@@ -417,6 +506,7 @@ impl Layout {
              \tset sources {{ type ifname . ipv4_addr; }}\n\
              \tset never4 {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {never} }}; }}\n\
              \tset grants4 {{ type ifname . ipv4_addr . inet_proto . inet_service; flags interval, timeout; }}\n\
+             \tset named4 {{ type ifname . ipv4_addr; flags timeout; }}\n\
              \tchain sandbox_out {{\n\
              \t\tmeta nfproto ipv6 drop\n\
              \t\tiifname . ip saddr != @sources drop\n\
@@ -437,8 +527,11 @@ impl Layout {
              \tchain input_hook {{\n\
              \t\ttype filter hook input priority filter; policy accept;\n\
              \t\tiifname \"{p}*\" ct state established,related accept\n\
+             {capture_in}\
              \t\tiifname \"{p}*\" drop\n\
+             {capture_others}\
              \t}}\n\
+             {capture_chain}\
              \tchain nat_out {{\n\
              \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
              \t\tip saddr {pool} oifname != \"{p}*\"{uplink_nat} masquerade\n\
@@ -488,6 +581,24 @@ impl Layout {
         }
         for e in new {
             s += &format!("add element {t} grants4 {{ {e} }}\n");
+        }
+        s
+    }
+}
+
+impl Layout {
+    /// Replaces the `named4` elements `old` by `new`, in one transaction (as [`Layout::change`]).
+    pub fn change_named(&self, old: &[Named], new: &[Named]) -> String {
+        let t = self.family_table();
+        let mut s = String::new();
+        for e in old {
+            s += &format!("add element {t} named4 {{ {e} }}\n");
+            let mut bare = e.clone();
+            bare.timeout = None;
+            s += &format!("delete element {t} named4 {{ {bare} }}\n");
+        }
+        for e in new {
+            s += &format!("add element {t} named4 {{ {e} }}\n");
         }
         s
     }
@@ -767,8 +878,8 @@ mod tests {
             eprintln!("not root: skipping the nft check");
             return;
         }
-        for uplink in ["", "up0"] {
-            let l = Layout::new(
+        for (uplink, capture) in [("", false), ("up0", true)] {
+            let mut l = Layout::new(
                 "compute",
                 "cs-",
                 "10.200.0.0/16",
@@ -776,11 +887,27 @@ mod tests {
                 &["10.96.0.0/12".into()],
             )
             .unwrap();
+            if capture {
+                l = l.with_capture(Capture {
+                    dns_port: 10053,
+                    proxy_port: 10080,
+                });
+            }
             let mut a = rule("198.18.0.0/15", &[80, 443], "", Some(30));
             a.extend(rule("0.0.0.0/0", &[8080], "tcp", None));
             let els = elements(&l.iface(7), &a);
+            let named = [Named {
+                iface: l.iface(7),
+                addr: "198.18.0.10".parse().unwrap(),
+                timeout: Some(30),
+            }];
             let script = l.script(
-                &(l.source(7) + &l.change(&[], &els) + &l.change(&els, &[]) + &l.unsource(7)),
+                &(l.source(7)
+                    + &l.change(&[], &els)
+                    + &l.change(&els, &[])
+                    + &l.change_named(&[], &named)
+                    + &l.change_named(&named, &[])
+                    + &l.unsource(7)),
             );
             let mut child = Command::new("unshare")
                 .args(["-n", "nft", "-c", "-f", "-"])
