@@ -885,3 +885,132 @@ async fn dns_names_resolve_only_when_allowed_and_host_and_sni_are_checked() {
     let bad = grant(&ch, &id, policy(vec![host_rule("not a name", &[])]), 0).await;
     assert_eq!(bad.unwrap_err().code(), Code::InvalidArgument);
 }
+
+/// SuspendSandbox of `id`: this runsc's restore would lose the sandbox's interface, so the
+/// node refuses (unless `[egress] suspend_with_network`) and the sandbox runs on.
+async fn suspend_is_refused(ch: &Channel, id: &str) {
+    let e = SandboxServiceClient::new(ch.clone())
+        .suspend_sandbox(pb::SuspendSandboxRequest {
+            sandbox_id: id.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("network"), "{e:?}");
+    assert_eq!(get(ch, id).await.state, pb::SandboxState::Running as i32);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_behind() {
+    need!();
+    let w = World::new("r", &[], 300);
+    let mut d = w.node("egress-restart", "");
+    let ch = d.local_channel().await;
+    environment(
+        &ch,
+        "team",
+        "web",
+        policy(vec![rule(&format!("{WORLD}/32"), &[8000])]),
+    )
+    .await;
+    let id = sandbox(&ch, "team", "web", None).await;
+    let g1 = grant(&ch, &id, policy(vec![rule("198.18.0.0/24", &[9000])]), 0)
+        .await
+        .unwrap();
+    let g2 = grant(
+        &ch,
+        &id,
+        policy(vec![rule(&format!("{WORLD}/32"), &[9001])]),
+        600,
+    )
+    .await
+    .unwrap();
+    let (out, _) = sh_in(&ch, &id, &format!("python3 -c \"import urllib.request as u; print(len(u.urlopen('http://{WORLD}:8000/blob', timeout=10).read()))\"")).await;
+    assert_eq!(out.trim(), (10 << 20).to_string());
+    let before = get(&ch, &id).await;
+    let used = before.usage.clone().unwrap();
+    assert!(used.network_ingress_bytes >= 10 << 20, "{used:?}");
+
+    // kill -9 of the daemon: the grants, the table and the counters come back from the record.
+    d.kill9();
+    d.spawn();
+    let ch = d.local_channel().await;
+    let after = get(&ch, &id).await;
+    let ids = |s: &pb::Sandbox| {
+        let mut v: Vec<String> = s.egress_grants.iter().map(|g| g.grant_id.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids(&after), ids(&before));
+    assert_eq!(after.egress_grants, before.egress_grants);
+    let now = after.usage.unwrap();
+    assert!(
+        now.network_ingress_bytes >= used.network_ingress_bytes,
+        "{now:?} after {used:?}"
+    );
+    assert!(now.network_egress_bytes >= used.network_egress_bytes);
+    assert_eq!(probe(&ch, &id, WORLD, 9000).await, "open");
+    assert_eq!(probe(&ch, &id, WORLD, 9001).await, "open");
+    assert_eq!(probe(&ch, &id, WORLD, 9002).await, "refused");
+
+    // A sandbox with a network is not suspended on this runsc (its restore loses the
+    // interface); it keeps running with its network, grants and counters.
+    suspend_is_refused(&ch, &id).await;
+    assert_eq!(probe(&ch, &id, WORLD, 9000).await, "open");
+    assert_eq!(probe(&ch, &id, WORLD, 9002).await, "refused");
+    let resumed = get(&ch, &id).await;
+    assert_eq!(ids(&resumed), ids(&before));
+    let u = resumed.usage.unwrap();
+    assert!(
+        u.network_ingress_bytes >= now.network_ingress_bytes,
+        "{u:?} after {now:?}"
+    );
+    revoke(&ch, &id, &g1).await.unwrap();
+    assert_eq!(probe(&ch, &id, WORLD, 9000).await, "refused");
+    assert_eq!(ids(&get(&ch, &id).await), vec![g2.clone()]);
+
+    // A sandbox that vanished while the daemon was down (its container removed behind its
+    // back) leaves nothing: the next start removes its namespace and veth.
+    let gone = sandbox(&ch, "team", "web", None).await;
+    let links = |w: &World| -> Vec<String> {
+        w.in_host("ip -o link")
+            .lines()
+            .filter(|l| l.contains(&w.prefix))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(links(&w).len(), 2);
+    d.kill9();
+    d.ctr(&["tasks", "kill", "-s", "SIGKILL", &gone]);
+    std::thread::sleep(Duration::from_millis(500));
+    d.ctr(&["tasks", "delete", "-f", &gone]);
+    d.ctr(&["containers", "delete", &gone]);
+    d.spawn();
+    let ch = d.local_channel().await;
+    assert_eq!(links(&w).len(), 1, "{:?}", links(&w));
+    assert_eq!(
+        probe(&ch, &id, WORLD, 9001).await,
+        "open",
+        "the survivor keeps its grant"
+    );
+
+    // kill -9, restart, delete: everything of the sandbox goes.
+    d.kill9();
+    d.spawn();
+    let ch = d.local_channel().await;
+    let addr = address(&ch, &id).await;
+    SandboxServiceClient::new(ch.clone())
+        .delete_sandbox(pb::DeleteSandboxRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(links(&w).is_empty(), "{:?}", links(&w));
+    assert!(!run("ip netns list").contains(&w.prefix));
+    for set in ["sources", "grants4", "named4"] {
+        let elements = w.in_host(&format!("nft list set inet compute {set}"));
+        assert!(!elements.contains(&w.prefix), "{elements}");
+    }
+    let ct = w.in_host(&format!("conntrack -L -s {addr}"));
+    assert!(ct.trim().is_empty(), "{ct}");
+}

@@ -267,6 +267,11 @@ pub struct EgressConfig {
     /// application connects a moment after it resolves).
     #[serde(default = "default_dns_min_ttl")]
     pub dns_min_ttl_secs: u32,
+    /// Suspend sandboxes with a network too. Off by default: runsc 20240729's restore brings
+    /// a sandbox back without its network interface, so SuspendSandbox refuses them; turn it
+    /// on for a runsc whose restore keeps it (checked: `computectl doctor`).
+    #[serde(default)]
+    pub suspend_with_network: bool,
 }
 
 fn default_dns_port() -> u16 {
@@ -301,6 +306,7 @@ impl Default for EgressConfig {
             dns_port: default_dns_port(),
             proxy_port: default_proxy_port(),
             dns_min_ttl_secs: default_dns_min_ttl(),
+            suspend_with_network: false,
         }
     }
 }

@@ -123,9 +123,31 @@ impl Node {
         None
     }
 
+    /// Why sandboxes with a network cannot be suspended here (None: they can, or the node
+    /// gives none).
+    pub fn suspend_networked_unsupported(&self) -> Option<String> {
+        let e = self.inner.cfg.egress.as_ref()?;
+        (!e.suspend_with_network).then(|| {
+            format!(
+                "runsc {} restores a sandbox without its network interface (verified with                  20240729), so a sandbox with a network is not suspended; set [egress]                  suspend_with_network = true for a runsc whose restore keeps it",
+                self.inner.rt.choice().runsc.date.map_or("?".into(), |d| d.to_string())
+            )
+        })
+    }
+
+    /// Why `sb` cannot be suspended here, or None.
+    fn unsuspendable(&self, sb: &Sandbox) -> Option<String> {
+        self.suspend_unsupported().or_else(|| {
+            sb.platform
+                .as_ref()
+                .and_then(|p| p.network)
+                .and_then(|_| self.suspend_networked_unsupported())
+        })
+    }
+
     /// How long `sb` may stay idle before it is suspended (None: never).
     pub fn idle_suspend_after(&self, sb: &Sandbox) -> Option<Duration> {
-        if sb.pool {
+        if sb.pool || self.unsuspendable(sb).is_some() {
             return None;
         }
         let secs = match &sb.platform {
@@ -172,7 +194,7 @@ impl Node {
     #[instrument(skip_all, fields(sandbox_id = %id))]
     pub async fn suspend(&self, id: &str, cause: Cause) -> Result<Arc<Sandbox>> {
         let sb = self.get(id)?;
-        if let Some(why) = self.suspend_unsupported() {
+        if let Some(why) = self.unsuspendable(&sb) {
             return Err(Error::FailedPrecondition {
                 id: sb.id.clone(),
                 state: format!("not suspendable here: {why}"),

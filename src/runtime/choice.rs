@@ -181,7 +181,20 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
         }
         _ => {
             let wrapper = bin_dir.join("runsc-compute");
-            let script = spec::wrapper_script(&cfg.runsc_path, &flags, &cfg.run_dir.join("net"));
+            // A sandbox with a network may hold connections when it is suspended.
+            let net_flags: Vec<String> = runsc
+                .features
+                .iter()
+                .any(|f| f == "net-disconnect-ok")
+                .then(|| "--net-disconnect-ok".to_string())
+                .into_iter()
+                .collect();
+            let script = spec::wrapper_script(
+                &cfg.runsc_path,
+                &flags,
+                &net_flags,
+                &cfg.run_dir.join("net"),
+            );
             write_if_changed(&wrapper, script.as_bytes(), 0o755)?;
             let opts = RuncOptions {
                 binary_name: wrapper.display().to_string(),

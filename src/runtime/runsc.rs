@@ -72,12 +72,21 @@ impl RunscInfo {
                     .collect()
             })
             .unwrap_or_default();
-        let default_platform = output(path, &["flags"])
-            .and_then(|t| default_platform(&t))
-            .unwrap_or_else(|| "ptrace".into());
+        let flags = output(path, &["flags"]).unwrap_or_default();
+        let default_platform = default_platform(&flags).unwrap_or_else(|| "ptrace".into());
         let checkpoint = output(path, &["help", "checkpoint"]).unwrap_or_default();
         let restore = output(path, &["help", "restore"]).unwrap_or_default();
-        Self::from_parts(&version, platforms, default_platform, &checkpoint, &restore)
+        let mut info =
+            Self::from_parts(&version, platforms, default_platform, &checkpoint, &restore);
+        // A sandbox with open connections can be checkpointed (they are reset on restore):
+        // without it runsc refuses to save a connected TCP endpoint.
+        if flags
+            .lines()
+            .any(|l| l.trim_start().starts_with("-net-disconnect-ok"))
+        {
+            info.features.push("net-disconnect-ok".into());
+        }
+        info
     }
 
     /// The info of a binary that answered with these outputs.

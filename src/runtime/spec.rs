@@ -179,14 +179,22 @@ pub fn exec_process(
 
 /// The runsc wrapper containerd's runc v2 shim runs as its runc: runsc with `flags`, and
 /// `--network=none` unless one of its arguments names a file in `net_dir` (a container with a
-/// network: the node's sandbox networks, [`crate::egress`]), which gets `--network=sandbox`.
+/// network: the node's sandbox networks, [`crate::egress`]), which gets `--network=sandbox`
+/// and `net_flags`.
 /// Such a container's `start` and `restore` run in a mount namespace of their own with a tmpfs
 /// over `/proc/sys` holding only `vm/mmap_min_addr`: this runsc takes a namespace where
 /// `/proc/sys/net/core/rmem_default` exists for the host's own and refuses it (DESIGN.md).
-pub fn wrapper_script(runsc: &Path, flags: &[String], net_dir: &Path) -> String {
+pub fn wrapper_script(
+    runsc: &Path,
+    flags: &[String],
+    net_flags: &[String],
+    net_dir: &Path,
+) -> String {
     let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
     let flags: Vec<String> = flags.iter().map(|f| q(f)).collect();
     let flags = flags.join(" ");
+    let net_flags: Vec<String> = net_flags.iter().map(|f| q(f)).collect();
+    let net_flags = net_flags.join(" ");
     let runsc = q(&runsc.display().to_string());
     let dir = q(&net_dir.display().to_string());
     // runc's shim passes runc's own checkpoint and restore flags, which runsc does not know:
@@ -209,8 +217,11 @@ for a do
   esac
   set -- "$@" "$a"
 done
-if [ "$net" = --network=sandbox ] && [ -n "$sub" ]; then
-  exec unshare -m --propagation private /bin/sh -c 'm=$(cat /proc/sys/vm/mmap_min_addr) && mount -t tmpfs -o size=64k tmpfs /proc/sys && mkdir /proc/sys/vm && echo "$m" > /proc/sys/vm/mmap_min_addr && exec "$@"' runsc {runsc} "$net" {flags} "$@"
+if [ "$net" = --network=sandbox ]; then
+  if [ -n "$sub" ]; then
+    exec unshare -m --propagation private /bin/sh -c 'm=$(cat /proc/sys/vm/mmap_min_addr) && mount -t tmpfs -o size=64k tmpfs /proc/sys && mkdir /proc/sys/vm && echo "$m" > /proc/sys/vm/mmap_min_addr && exec "$@"' runsc {runsc} "$net" {net_flags} {flags} "$@"
+  fi
+  exec {runsc} "$net" {net_flags} {flags} "$@"
 fi
 exec {runsc} "$net" {flags} "$@"
 "#
@@ -294,7 +305,12 @@ mod tests {
         let w = wrapper_script(
             Path::new("/usr/bin/runsc"),
             &["--overlay2=root:memory".into(), "--x='y'".into()],
+            &["--net-disconnect-ok".into()],
             Path::new("/run/compute/net"),
+        );
+        assert!(
+            w.contains(r#"exec '/usr/bin/runsc' "$net" '--net-disconnect-ok' '--overlay2"#),
+            "{w}"
         );
         assert!(
             w.contains(

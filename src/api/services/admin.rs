@@ -180,6 +180,32 @@ impl AdminService {
             state_dir: cfg.state_dir.display().to_string(),
             suspend_unsupported: self.node.suspend_unsupported().unwrap_or_default(),
             idle_suspend_secs: cfg.idle_suspend_secs,
+            suspend_networked_unsupported: self
+                .node
+                .suspend_networked_unsupported()
+                .unwrap_or_default(),
+            egress: cfg
+                .egress
+                .as_ref()
+                .map(|e| {
+                    format!(
+                        "pool {}, uplink {}, DNS capture :{} (upstream {}), proxy :{}",
+                        e.pool,
+                        if e.uplink.is_empty() {
+                            "any"
+                        } else {
+                            &e.uplink
+                        },
+                        e.dns_port,
+                        if e.dns_upstream.is_empty() {
+                            "from /etc/resolv.conf"
+                        } else {
+                            &e.dns_upstream
+                        },
+                        e.proxy_port
+                    )
+                })
+                .unwrap_or_default(),
             state_dir_free_bytes: free,
             runtime_kind: format!("{:?}", rt.choice().kind),
         })

@@ -221,6 +221,32 @@ pub(super) fn suspend(n: &pb::GetNodeResponse) -> Check {
     }
 }
 
+/// Sandbox networks: whether the node gives them, and whether those sandboxes can be
+/// suspended.
+pub(super) fn egress(n: &pb::GetNodeResponse) -> Check {
+    if n.egress.is_empty() {
+        return check(
+            "egress",
+            Level::Ok,
+            "off: platform sandboxes have no network (GrantEgress is UNIMPLEMENTED)",
+            "",
+        );
+    }
+    if n.suspend_networked_unsupported.is_empty() {
+        check("egress", Level::Ok, format!("on: {}", n.egress), "")
+    } else {
+        check(
+            "egress",
+            Level::Warn,
+            format!(
+                "on: {}; sandboxes with a network are not suspended: {}",
+                n.egress, n.suspend_networked_unsupported
+            ),
+            "idle sandboxes with a network stay up; SuspendSandbox of one is FAILED_PRECONDITION",
+        )
+    }
+}
+
 /// The in-sandbox agent.
 pub(super) fn agent(n: &pb::GetNodeResponse) -> Check {
     if !n.agent {

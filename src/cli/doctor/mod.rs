@@ -88,6 +88,7 @@ pub async fn run(t: &Target, a: DoctorArgs) -> anyhow::Result<()> {
         checks.push(daemon::image(n));
         checks.push(daemon::agent(n));
         checks.push(daemon::suspend(n));
+        checks.push(daemon::egress(n));
     }
 
     print_list(
