@@ -928,7 +928,7 @@ async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_b
     let (out, _) = sh_in(&ch, &id, &format!("python3 -c \"import urllib.request as u; print(len(u.urlopen('http://{WORLD}:8000/blob', timeout=10).read()))\"")).await;
     assert_eq!(out.trim(), (10 << 20).to_string());
     let before = get(&ch, &id).await;
-    let used = before.usage.clone().unwrap();
+    let used = before.usage.unwrap();
     assert!(used.network_ingress_bytes >= 10 << 20, "{used:?}");
 
     // kill -9 of the daemon: the grants, the table and the counters come back from the record.
