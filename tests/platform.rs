@@ -1239,6 +1239,20 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
     assert_eq!(sb.argv[0], "python3");
     assert_eq!(sb.labels["owner"], "test");
     let id = sb.sandbox_id.clone();
+    // This node has no [egress]: its sandboxes have no network, grants are not served.
+    assert_eq!(sb.egress_base, None, "no network, no policy in force");
+    let g = s
+        .grant_egress(with(
+            pb::GrantEgressRequest {
+                sandbox_id: id.clone(),
+                policy: Some(pb::EgressPolicy::default()),
+                ..Default::default()
+            },
+            Some(&op),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(g.code(), Code::Unimplemented, "{g:?}");
     let events = watch_all(&mut s, &id, &viewer, Duration::from_secs(20)).await;
     let states: Vec<(i32, String)> = events
         .iter()
