@@ -8,6 +8,7 @@
 //! the end, also on error or Ctrl-C. See docs/bench.md.
 
 mod base;
+mod egress;
 mod host;
 mod interactive;
 mod ours;
@@ -73,13 +74,19 @@ struct Args {
     /// create from an environment → RUNNING against compute.v1's create → READY; Watch and
     /// follow latency),
     /// output (stdout throughput, memory with stalled clients), throughput, density,
-    /// suspend (suspend and resume with memory: latency, disk, sessions per node).
+    /// suspend (suspend and resume with memory: latency, disk, sessions per node),
+    /// egress (sandbox networks: create with a network, TCP throughput, grant and revoke
+    /// latency).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cold,ready,workloads,platform,output,throughput,density,suspend"
+        default_value = "cold,ready,workloads,platform,output,throughput,density,suspend,egress"
     )]
     only: Vec<String>,
+    /// The egress group's node: runsc's platform for its sandboxes with a network (`[egress]
+    /// runsc_platform`; empty: the node's).
+    #[arg(long, default_value = "")]
+    egress_platform: String,
     /// Override: rounds of the workloads per side.
     #[arg(long)]
     workload_rounds: Option<usize>,
@@ -158,7 +165,7 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The scenario groups of `--only`.
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 9] = [
     "cold",
     "ready",
     "workloads",
@@ -167,6 +174,7 @@ const GROUPS: [&str; 8] = [
     "throughput",
     "density",
     "suspend",
+    "egress",
 ];
 
 async fn bench(args: Args) -> Result<u8> {
@@ -938,6 +946,24 @@ async fn run(
 
     if args.runs("suspend") {
         for s in suspend::group(args.quick, plan, ours, base, errs, cold_ours).await {
+            push(s);
+        }
+    }
+
+    if args.runs("egress") {
+        eprintln!("compute-bench: sandbox networks (a second node, with [egress])");
+        let (_, computed, dir) = ours.parts();
+        let dir = dir.parent().unwrap_or(dir).join("egress");
+        let egress = Ours::new(
+            computed,
+            &std::fs::canonicalize(&args.image_tar)?,
+            &args.containerd,
+            &args.runsc,
+            &args.platform,
+            dir.clone(),
+            &args.storage_class,
+        )?;
+        for s in egress::group(args.quick, ours, egress, dir, &args.egress_platform).await {
             push(s);
         }
     }

@@ -36,6 +36,8 @@ pub struct Ours {
     pid: AtomicU32,
     client: Mutex<Option<Client>>,
     live: Mutex<BTreeSet<String>>,
+    /// The network namespace (a name under /run/netns) the daemon runs in; None: the bench's.
+    netns: Option<String>,
 }
 
 impl Ours {
@@ -89,7 +91,24 @@ impl Ours {
             pid: AtomicU32::new(0),
             client: Mutex::new(None),
             live: Mutex::new(BTreeSet::new()),
+            netns: None,
         })
+    }
+
+    /// The same daemon run in network namespace `netns` (through `nsenter --net`: its mounts
+    /// stay the host's), in containerd namespace `namespace`, with `extra` added to its config
+    /// (an `[egress]` table): the bench then talks to it over its unix socket only.
+    pub fn in_netns(mut self, netns: &str, namespace: &str, extra: &str) -> Result<Ours> {
+        let toml = self.base_toml.replace(
+            &format!("namespace = {:?}", self.namespace),
+            &format!("namespace = {namespace:?}"),
+        ) + extra;
+        std::fs::write(&self.config, &toml)
+            .with_context(|| format!("write {}", self.config.display()))?;
+        self.base_toml = toml;
+        self.namespace = namespace.to_string();
+        self.netns = Some(netns.to_string());
+        Ok(self)
     }
 
     /// The added cost of the platform API's gate: `rounds` pairs, taken in turns on one TCP
@@ -292,7 +311,14 @@ impl Ours {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let mut cmd = tokio::process::Command::new(&self.computed);
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = tokio::process::Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(&self.computed);
+                c
+            }
+            None => tokio::process::Command::new(&self.computed),
+        };
         cmd.arg("--config")
             .arg(&self.config)
             .arg("node")
@@ -318,7 +344,12 @@ impl Ours {
             {
                 bail!("computed node exited ({status}): {}", self.log_tail());
             }
-            if tokio::net::TcpStream::connect(&self.addr).await.is_ok() {
+            let up = match self.netns {
+                // Its TCP listener is in its namespace.
+                Some(_) => tokio::net::UnixStream::connect(self.socket()).await.is_ok(),
+                None => tokio::net::TcpStream::connect(&self.addr).await.is_ok(),
+            };
+            if up {
                 break;
             }
             if Instant::now() > deadline {
@@ -326,13 +357,18 @@ impl Ours {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let ch = Channel::from_shared(format!("http://{}", self.addr))?
-            .tcp_nodelay(true)
-            .initial_stream_window_size(computed::server::WINDOW)
-            .initial_connection_window_size(2 * computed::server::WINDOW)
-            .max_frame_size(1 << 20)
-            .connect()
-            .await?;
+        let ch = match self.netns {
+            Some(_) => computed::client::unix_channel(&self.socket()).await?,
+            None => {
+                Channel::from_shared(format!("http://{}", self.addr))?
+                    .tcp_nodelay(true)
+                    .initial_stream_window_size(computed::server::WINDOW)
+                    .initial_connection_window_size(2 * computed::server::WINDOW)
+                    .max_frame_size(1 << 20)
+                    .connect()
+                    .await?
+            }
+        };
         let client = ComputeServiceClient::new(ch)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);

@@ -748,6 +748,9 @@ async fn a_gibibyte_each_way_with_bounded_memory() {
             None => panic!("no exit"),
         }
     };
+    let mut exit = exit;
+    let usage = exit.usage.take().expect("the exit carries its usage");
+    assert!(usage.cpu_ms > 0, "{usage:?}");
     assert_eq!((exit, n), (exited(0), GIB));
     let after = rss(d.pid());
     assert!(

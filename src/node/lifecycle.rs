@@ -190,17 +190,23 @@ impl Node {
     ) -> Result<[Duration; 3]> {
         let rt = &self.inner.rt;
         let t0 = Instant::now();
-        self.network_up(sb).await?;
-        // Put the image's environment into the container's spec, in place: deleting and
-        // re-creating the container would lose the record to a crash in between.
-        rt.set_spec(&sb.id, self.spec_for(sb, &image.env)).await?;
-        let spec = t0.elapsed();
-        let (stdin, stdout, stderr) = if self.agent_enabled() {
-            let (i, o) = self.prepare_agent_io(&sb.id).await?;
-            (i, o, self.agent_stderr(&sb.id))
-        } else {
-            (String::new(), String::new(), String::new())
-        };
+        // The sandbox's network (if it has one) is made while the spec and the agent's I/O
+        // are: the spec only names its paths, and only the start needs it.
+        let mut spec = Duration::ZERO;
+        let (net, io) = tokio::join!(self.network_up(sb), async {
+            // Put the image's environment into the container's spec, in place: deleting and
+            // re-creating the container would lose the record to a crash in between.
+            rt.set_spec(&sb.id, self.spec_for(sb, &image.env)).await?;
+            spec = t0.elapsed();
+            if self.agent_enabled() {
+                let (i, o) = self.prepare_agent_io(&sb.id).await?;
+                Ok::<_, Error>((i, o, self.agent_stderr(&sb.id)))
+            } else {
+                Ok((String::new(), String::new(), String::new()))
+            }
+        });
+        net?;
+        let (stdin, stdout, stderr) = io?;
         let io = t0.elapsed() - spec;
         rt.start(&sb.id, &image.chain_id, [&stdin, &stdout, &stderr])
             .await?;

@@ -181,14 +181,20 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
         }
         _ => {
             let wrapper = bin_dir.join("runsc-compute");
-            // A sandbox with a network may hold connections when it is suspended.
-            let net_flags: Vec<String> = runsc
+            // A sandbox with a network may hold connections when it is suspended; it may run
+            // on a platform of its own (after the node's flags: the last one counts).
+            let mut net_flags: Vec<String> = runsc
                 .features
                 .iter()
                 .any(|f| f == "net-disconnect-ok")
                 .then(|| "--net-disconnect-ok".to_string())
                 .into_iter()
                 .collect();
+            if let Some(p) = cfg.egress.as_ref().map(|e| e.runsc_platform.as_str()) {
+                if !p.is_empty() {
+                    net_flags.push(format!("--platform={}", platform_for(p, &runsc)?));
+                }
+            }
             let script = spec::wrapper_script(
                 &cfg.runsc_path,
                 &flags,

@@ -219,9 +219,9 @@ for a do
 done
 if [ "$net" = --network=sandbox ]; then
   if [ -n "$sub" ]; then
-    exec unshare -m --propagation private /bin/sh -c 'm=$(cat /proc/sys/vm/mmap_min_addr) && mount -t tmpfs -o size=64k tmpfs /proc/sys && mkdir /proc/sys/vm && echo "$m" > /proc/sys/vm/mmap_min_addr && exec "$@"' runsc {runsc} "$net" {net_flags} {flags} "$@"
+    exec unshare -m --propagation private /bin/sh -c 'm=$(cat /proc/sys/vm/mmap_min_addr) && mount -t tmpfs -o size=64k tmpfs /proc/sys && mkdir /proc/sys/vm && echo "$m" > /proc/sys/vm/mmap_min_addr && exec "$@"' runsc {runsc} "$net" {flags} {net_flags} "$@"
   fi
-  exec {runsc} "$net" {net_flags} {flags} "$@"
+  exec {runsc} "$net" {flags} {net_flags} "$@"
 fi
 exec {runsc} "$net" {flags} "$@"
 "#
@@ -309,7 +309,7 @@ mod tests {
             Path::new("/run/compute/net"),
         );
         assert!(
-            w.contains(r#"exec '/usr/bin/runsc' "$net" '--net-disconnect-ok' '--overlay2"#),
+            w.contains(r#"'--x='\''y'\''' '--net-disconnect-ok' "$@""#),
             "{w}"
         );
         assert!(

@@ -1,0 +1,558 @@
+//! Sandbox networks (issue 20), group `egress`. A second node daemon runs in a network
+//! namespace the bench makes ("host"), with `[egress]` on an uplink to a fake internet in
+//! another ("world", `tests/workers/egress_world.py` on 198.18.0.1); a third namespace
+//! ("plain") is joined to the world by a veth of its own, with no sandbox and no daemon: the
+//! baseline of the transfer. No packet leaves these namespaces.
+//!
+//! * `egress_create_to_running`: platform CreateSandbox (exec only) until GetSandbox, polled
+//!   every 5 ms, says RUNNING, on the node with networks (namespace, veth, table elements,
+//!   `--network=sandbox`) against the same on the bench's node without them, in turns; target
+//!   ratio <= 1.15;
+//! * `egress_tcp_throughput`: `curl` in a sandbox downloading a blob from the world over HTTP
+//!   (its own figure, `speed_download`) against the same `curl` in the plain namespace;
+//!   target ratio >= 0.5;
+//! * `egress_grant_to_effect`: a prober in the sandbox connects every millisecond to a port no
+//!   rule opens and prints the time it first gets through; from just before GrantEgress is
+//!   sent until then;
+//! * `egress_revoke_to_cut`: a conversation in the sandbox echoes a byte every millisecond
+//!   through a granted port and prints the time it breaks; from just before RevokeEgress is
+//!   sent until then. The baseline of both: `nft -f` of one element into a scratch table of
+//!   the plain namespace, the kernel's own cost of a rule change.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use computed::api::platform::v1 as ppb;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+use crate::ours::Ours;
+use crate::stats::{Better, Dist, Scenario, Side};
+use crate::target::{Target, IMAGE};
+
+type Sbx = ppb::sandbox_service_client::SandboxServiceClient<Channel>;
+
+const WORLD: &str = "198.18.0.1";
+const PLAIN_WORLD: &str = "198.18.1.1";
+const NS: &str = "bench-net";
+
+/// The bench's namespaces and the world's server; removed on drop.
+struct Net {
+    host: String,
+    world: String,
+    plain: String,
+    server: Option<Child>,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.server.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for n in [&self.host, &self.world, &self.plain] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+fn run(cmd: &str) -> Result<String> {
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("run {cmd}"))?;
+    if !out.status.success() {
+        bail!("{cmd}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Net {
+    fn new(blob: usize) -> Result<Net> {
+        let p = std::process::id();
+        let mut net = Net {
+            host: format!("bnh{p}"),
+            world: format!("bnw{p}"),
+            plain: format!("bnp{p}"),
+            server: None,
+        };
+        let (h, w, x) = (net.host.clone(), net.world.clone(), net.plain.clone());
+        for n in [&h, &w, &x] {
+            run(&format!("ip netns add {n}"))?;
+            run(&format!("ip -n {n} link set lo up"))?;
+        }
+        for cmd in [
+            format!("ip link add up0 netns {h} type veth peer name eth0 netns {w}"),
+            format!("ip link add eth0 netns {x} type veth peer name eth1 netns {w}"),
+            format!("ip -n {h} addr add 198.18.0.254/24 dev up0"),
+            format!("ip -n {w} addr add {WORLD}/24 dev eth0"),
+            format!("ip -n {w} addr add {PLAIN_WORLD}/24 dev eth1"),
+            format!("ip -n {x} addr add 198.18.1.2/24 dev eth0"),
+            format!("ip -n {h} link set up0 up"),
+            format!("ip -n {w} link set eth0 up"),
+            format!("ip -n {w} link set eth1 up"),
+            format!("ip -n {x} link set eth0 up"),
+            format!("ip -n {h} route add default via {WORLD}"),
+        ] {
+            run(&cmd)?;
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/egress_world.py");
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &w, "python3"])
+            .arg(&script)
+            .args(["--addr", WORLD, "--addr", PLAIN_WORLD])
+            .args(["--blob-bytes", &blob.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start the world's servers")?;
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        net.server = Some(child);
+        if line.trim() != "ready" {
+            bail!("the world's servers did not start");
+        }
+        Ok(net)
+    }
+}
+
+/// Environment `web` in namespace `bench-net` on the daemon behind `root`: base policy port
+/// 8000 of the world.
+async fn setup(root: Channel) -> Result<Sbx> {
+    let _ = ppb::access_service_client::AccessServiceClient::new(root.clone())
+        .create_namespace(ppb::CreateNamespaceRequest {
+            name: NS.into(),
+            ..Default::default()
+        })
+        .await;
+    let _ = ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
+        .create_environment(ppb::CreateEnvironmentRequest {
+            environment: Some(ppb::Environment {
+                namespace: NS.into(),
+                name: "web".into(),
+                image: IMAGE.into(),
+                egress: Some(ppb::EgressPolicy {
+                    rules: vec![rule(&format!("{WORLD}/32"), 8000)],
+                }),
+                ..Default::default()
+            }),
+        })
+        .await;
+    Ok(Sbx::new(root))
+}
+
+fn rule(cidr: &str, port: u32) -> ppb::EgressRule {
+    ppb::EgressRule {
+        destination: Some(ppb::egress_rule::Destination::Cidr(cidr.into())),
+        ports: vec![port],
+        protocol: ppb::EgressProtocol::Tcp as i32,
+    }
+}
+
+/// CreateSandbox (exec only) until RUNNING: (id, ms).
+async fn create_running(s: &mut Sbx) -> Result<(String, f64)> {
+    let t0 = Instant::now();
+    let id = s
+        .create_sandbox(ppb::CreateSandboxRequest {
+            namespace: NS.into(),
+            environment: "web".into(),
+            exec_only: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .sandbox_id;
+    loop {
+        let sb = s
+            .get_sandbox(ppb::GetSandboxRequest {
+                sandbox_id: id.clone(),
+            })
+            .await?
+            .into_inner();
+        if sb.state == ppb::SandboxState::Running as i32 {
+            return Ok((id, t0.elapsed().as_secs_f64() * 1000.0));
+        }
+        if sb.state == ppb::SandboxState::Failed as i32 || t0.elapsed() > Duration::from_secs(60) {
+            bail!("{id} never RUNNING: {}", sb.state_reason);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn delete(s: &mut Sbx, id: &str) {
+    let _ = s
+        .delete_sandbox(ppb::DeleteSandboxRequest {
+            sandbox_id: id.into(),
+        })
+        .await;
+}
+
+/// Starts `argv` in `id`; its output, as it comes.
+async fn start(
+    s: &mut Sbx,
+    id: &str,
+    argv: &[&str],
+) -> Result<tonic::Streaming<ppb::ExecServerMessage>> {
+    let spec = ppb::ExecClientMessage {
+        msg: Some(ppb::exec_client_message::Msg::Spec(ppb::ExecSpec {
+            sandbox_id: id.into(),
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        })),
+    };
+    Ok(s.exec_in_sandbox(tokio_stream::iter([spec]))
+        .await?
+        .into_inner())
+}
+
+/// The exec's whole output (stdout and stderr) until its exit.
+async fn output(mut out: tonic::Streaming<ppb::ExecServerMessage>) -> Result<String> {
+    let mut text = String::new();
+    while let Some(m) = tokio::time::timeout(Duration::from_secs(120), out.next())
+        .await
+        .context("an exec took over 120 s")?
+    {
+        match m?.msg {
+            Some(ppb::exec_server_message::Msg::Stdout(d))
+            | Some(ppb::exec_server_message::Msg::Stderr(d)) => {
+                text.push_str(&String::from_utf8_lossy(&d))
+            }
+            _ => {}
+        }
+    }
+    Ok(text)
+}
+
+/// The next line of an exec's output.
+async fn line(out: &mut tonic::Streaming<ppb::ExecServerMessage>) -> Result<String> {
+    let mut text = String::new();
+    while !text.contains('\n') {
+        match tokio::time::timeout(Duration::from_secs(30), out.next())
+            .await
+            .context("no output in 30 s")?
+        {
+            Some(m) => match m?.msg {
+                Some(ppb::exec_server_message::Msg::Stdout(d)) => {
+                    text.push_str(&String::from_utf8_lossy(&d))
+                }
+                Some(ppb::exec_server_message::Msg::Stderr(d)) => {
+                    bail!("{}", String::from_utf8_lossy(&d))
+                }
+                _ => bail!("the exec ended: {text}"),
+            },
+            None => bail!("the exec ended: {text}"),
+        }
+    }
+    Ok(text.trim().to_string())
+}
+
+fn epoch() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// `curl`'s own download speed of the world's blob, MB/s.
+fn curl_speed(text: &str) -> Result<f64> {
+    let bps: f64 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("curl said {text:?}"))?;
+    Ok(bps / 1e6)
+}
+
+/// `nft -f` of one element into a scratch table of namespace `ns`, ms.
+fn raw_nft(ns: &str) -> Result<f64> {
+    use std::io::Write;
+    let t0 = Instant::now();
+    let mut c = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    c.stdin.take().context("stdin")?.write_all(
+        b"add element inet bench grants { \"cs-1\" . 198.18.0.0/24 . tcp . 9000 }\n\
+          delete element inet bench grants { \"cs-1\" . 198.18.0.0/24 . tcp . 9000 }\n",
+    )?;
+    let out = c.wait_with_output()?;
+    if !out.status.success() {
+        bail!("nft: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(t0.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// What the group measured, per side.
+#[derive(Default)]
+struct Measured {
+    create_net: Vec<f64>,
+    create_plain: Vec<f64>,
+    up_sandbox: Vec<f64>,
+    up_plain: Vec<f64>,
+    down_sandbox: Vec<f64>,
+    down_plain: Vec<f64>,
+    grant_ms: Vec<f64>,
+    revoke_ms: Vec<f64>,
+    nft_ms: Vec<f64>,
+}
+
+async fn measure(quick: bool, plain: &Ours, net: &Net, egress: &Ours) -> Result<Measured> {
+    let rounds = if quick { 5 } else { 15 };
+    let mut m = Measured::default();
+    let mut with = setup(computed::client::unix_channel(&egress.socket()).await?).await?;
+    let mut without = setup(computed::client::unix_channel(&plain.socket()).await?).await?;
+    // Creates, in turns (after one unrecorded round each).
+    for i in 0..=rounds {
+        for net_first in [i % 2 == 0, i % 2 == 1] {
+            let (s, out) = if net_first {
+                (&mut with, &mut m.create_net)
+            } else {
+                (&mut without, &mut m.create_plain)
+            };
+            let (id, ms) = create_running(s).await?;
+            if i > 0 {
+                out.push(ms);
+            }
+            delete(s, &id).await;
+        }
+    }
+    // Throughput: curl in a sandbox against curl in the plain namespace, each way (the
+    // upload from a file in memory: the sandbox's /tmp, the plain side's /dev/shm).
+    let (id, _) = create_running(&mut with).await?;
+    let blob = if quick { 64 << 20 } else { 256 << 20 };
+    output(
+        start(
+            &mut with,
+            &id,
+            &["sh", "-c", &format!("head -c {blob} /dev/zero > /tmp/up")],
+        )
+        .await?,
+    )
+    .await?;
+    let shm = format!("/dev/shm/bench-egress-{}", std::process::id());
+    std::fs::write(&shm, vec![0u8; blob])?;
+    let down =
+        |host: &str| format!("curl -s -o /dev/null -w %{{speed_download}} http://{host}:8000/blob");
+    let up = |host: &str, file: &str| {
+        format!("curl -s -o /dev/null -w %{{speed_upload}} --data-binary @{file} http://{host}:8000/upload")
+    };
+    let transfers = if quick { 3 } else { 5 };
+    for i in 0..=transfers {
+        let t = output(start(&mut with, &id, &["sh", "-c", &up(WORLD, "/tmp/up")]).await?).await?;
+        let s_up = curl_speed(&t)?;
+        let t = run(&format!(
+            "ip netns exec {} {}",
+            net.plain,
+            up(PLAIN_WORLD, &shm)
+        ))?;
+        let p_up = curl_speed(&t)?;
+        let t = output(start(&mut with, &id, &["sh", "-c", &down(WORLD)]).await?).await?;
+        let s_down = curl_speed(&t)?;
+        let t = run(&format!(
+            "ip netns exec {} {}",
+            net.plain,
+            down(PLAIN_WORLD)
+        ))?;
+        let p_down = curl_speed(&t)?;
+        // The first transfer of each warms up.
+        if i > 0 {
+            m.up_sandbox.push(s_up);
+            m.up_plain.push(p_up);
+            m.down_sandbox.push(s_down);
+            m.down_plain.push(p_down);
+        }
+    }
+    let _ = std::fs::remove_file(&shm);
+    // Grant → effect, revoke → cut; the kernel's own rule change as the baseline.
+    run(&format!(
+        "ip netns exec {} nft add table inet bench",
+        net.plain
+    ))?;
+    run(&format!(
+        "ip netns exec {} nft add set inet bench grants {{ type ifname . ipv4_addr . inet_proto . inet_service ; flags interval ; }}",
+        net.plain
+    ))?;
+    let prober = r#"
+import socket, sys, time
+print('up', flush=True)
+while True:
+    s = socket.socket()
+    s.settimeout(0.2)
+    try:
+        s.connect((sys.argv[1], 9000))
+        print(time.time(), flush=True)
+        break
+    except OSError:
+        s.close()
+        time.sleep(0.001)
+"#;
+    let talker = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 9000), timeout=2)
+print('up', flush=True)
+try:
+    while True:
+        s.sendall(b'x')
+        if s.recv(1) != b'x':
+            break
+        time.sleep(0.001)
+except OSError:
+    pass
+print(time.time(), flush=True)
+"#;
+    let grants = if quick { 10 } else { 30 };
+    for _ in 0..grants {
+        let mut p = start(&mut with, &id, &["python3", "-c", prober, WORLD]).await?;
+        if line(&mut p).await? != "up" {
+            bail!("the prober did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t0 = epoch();
+        let g = with
+            .grant_egress(ppb::GrantEgressRequest {
+                sandbox_id: id.clone(),
+                policy: Some(ppb::EgressPolicy {
+                    rules: vec![rule(&format!("{WORLD}/32"), 9000)],
+                }),
+                ttl_sec: 0,
+                reason: "bench".into(),
+            })
+            .await?
+            .into_inner()
+            .grant_id;
+        let at: f64 = line(&mut p).await?.parse()?;
+        m.grant_ms.push((at - t0) * 1000.0);
+        let _ = output(p).await;
+        let mut t = start(&mut with, &id, &["python3", "-c", talker, WORLD]).await?;
+        if line(&mut t).await? != "up" {
+            bail!("the conversation did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t0 = epoch();
+        with.revoke_egress(ppb::RevokeEgressRequest {
+            sandbox_id: id.clone(),
+            grant_id: g,
+        })
+        .await?;
+        let at: f64 = line(&mut t).await?.parse()?;
+        m.revoke_ms.push((at - t0) * 1000.0);
+        m.nft_ms.push(raw_nft(&net.plain)?);
+    }
+    delete(&mut with, &id).await;
+    Ok(m)
+}
+
+fn scenario(
+    name: &'static str,
+    unit: &'static str,
+    better: Better,
+    ours: &Result<Vec<f64>>,
+    base: &Result<Vec<f64>>,
+    notes: &str,
+) -> Scenario {
+    let side = |r: &Result<Vec<f64>>| match r {
+        Ok(v) => Side::measured(Dist::of(v, better)).with("n", v.len()),
+        Err(e) => Side::failed(e),
+    };
+    Scenario {
+        name,
+        unit,
+        better,
+        ours: side(ours),
+        baseline: side(base),
+        notes: vec![notes.into()],
+    }
+}
+
+/// The group's scenarios. `plain` is the bench's daemon (no networks); the group starts one
+/// with networks of its own in `dir` and tears it down with its namespaces.
+pub async fn group(
+    quick: bool,
+    plain: &Ours,
+    egress: Ours,
+    dir: PathBuf,
+    platform: &str,
+) -> Vec<Scenario> {
+    let r: Result<Measured> = async {
+        let net = Net::new(if quick { 64 << 20 } else { 256 << 20 })?;
+        let egress = egress.in_netns(
+            &net.host,
+            &format!("bench-egress-{}", std::process::id()),
+            &format!(
+                "[egress]\nuplink = \"up0\"\niface_prefix = \"bn-\"\nrunsc_platform = {platform:?}\n"
+            ),
+        )?;
+        eprintln!(
+            "compute-bench: egress: a node with networks in {}",
+            net.host
+        );
+        let r = async {
+            egress.start().await?;
+            measure(quick, plain, &net, &egress).await
+        }
+        .await;
+        egress.cleanup().await;
+        drop(net);
+        r
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let split = |f: fn(&Measured) -> &Vec<f64>| -> Result<Vec<f64>> {
+        match &r {
+            Ok(m) => Ok(f(m).clone()),
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        }
+    };
+    vec![
+        scenario(
+            "egress_create_to_running",
+            "ms",
+            Better::Lower,
+            &split(|m| &m.create_net),
+            &split(|m| &m.create_plain),
+            "ours: platform CreateSandbox (exec only) until RUNNING on a node with [egress] \
+             (netns, veth, table, --network=sandbox); baseline: the same on the bench's node \
+             without networks; in turns; target ratio <= 1.15",
+        ),
+        scenario(
+            "egress_tcp_throughput",
+            "MB/s",
+            Better::Higher,
+            &split(|m| &m.up_sandbox),
+            &split(|m| &m.up_plain),
+            "curl's speed_upload of a blob (in memory) to the world over HTTP: ours from a \
+             sandbox through its veth, the node's table and the uplink; baseline: from a plain \
+             network namespace joined to the world by a veth; target ratio >= 0.5",
+        ),
+        scenario(
+            "egress_tcp_download",
+            "MB/s",
+            Better::Higher,
+            &split(|m| &m.down_sandbox),
+            &split(|m| &m.down_plain),
+            "curl's speed_download of the world's blob, the other way of egress_tcp_throughput",
+        ),
+        scenario(
+            "egress_grant_to_effect",
+            "ms",
+            Better::Lower,
+            &split(|m| &m.grant_ms),
+            &split(|m| &m.nft_ms),
+            "ours: from GrantEgress sent until a prober in the sandbox (a connect every ms) gets \
+             through; baseline: `nft -f` of one element into a scratch table (the kernel's own \
+             rule change)",
+        ),
+        scenario(
+            "egress_revoke_to_cut",
+            "ms",
+            Better::Lower,
+            &split(|m| &m.revoke_ms),
+            &split(|m| &m.nft_ms),
+            "ours: from RevokeEgress sent until a conversation in the sandbox (an echo every ms \
+             through the granted port) breaks; baseline: as egress_grant_to_effect",
+        ),
+    ]
+}
