@@ -63,6 +63,15 @@ impl Drop for World {
         for n in [&self.host, &self.world] {
             let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
+        // Sandbox namespaces a failed test's node left behind (the node deletes its own).
+        if let Ok(rd) = std::fs::read_dir("/run/netns") {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with(&self.prefix) {
+                    let _ = Command::new("ip").args(["netns", "del", &n]).status();
+                }
+            }
+        }
     }
 }
 
@@ -303,6 +312,35 @@ async fn environment(ch: &Channel, ns: &str, env: &str, egress: Option<pb::Egres
                 name: env.into(),
                 image: IMAGE.into(),
                 egress,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+}
+
+/// Environment `env` of `ns` with base egress `egress` and a max lifetime.
+async fn environment_living(
+    ch: &Channel,
+    ns: &str,
+    env: &str,
+    egress: Option<pb::EgressPolicy>,
+    max_lifetime_sec: u32,
+) {
+    let _ = pb::access_service_client::AccessServiceClient::new(ch.clone())
+        .create_namespace(pb::CreateNamespaceRequest {
+            name: ns.into(),
+            ..Default::default()
+        })
+        .await;
+    pb::environment_service_client::EnvironmentServiceClient::new(ch.clone())
+        .create_environment(pb::CreateEnvironmentRequest {
+            environment: Some(pb::Environment {
+                namespace: ns.into(),
+                name: env.into(),
+                image: IMAGE.into(),
+                egress,
+                max_lifetime_sec,
                 ..Default::default()
             }),
         })
@@ -1013,4 +1051,65 @@ async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_b
     }
     let ct = w.in_host(&format!("conntrack -L -s {addr}"));
     assert!(ct.trim().is_empty(), "{ct}");
+}
+
+/// The base policy is the platform's "egress bootstrap": it lasts the sandbox's max lifetime,
+/// or `[egress] bootstrap_secs` (24 h by default) without one; after it only grants open
+/// anything, an open connection it carried is cut, and Get shows no base policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_base_policy_ends_with_its_bootstrap_and_grants_go_on() {
+    need!();
+    let w = World::new("b", &[], 300);
+    let d = w.node("egress-boot", "bootstrap_secs = 8");
+    let ch = d.local_channel().await;
+    let base = policy(vec![rule(&format!("{WORLD}/32"), &[9000])]);
+    environment(&ch, "team", "short", base.clone()).await;
+    environment_living(&ch, "team", "living", base.clone(), 3600).await;
+    let short = sandbox(&ch, "team", "short", None).await;
+    let created = Instant::now();
+    let living = sandbox(&ch, "team", "living", None).await;
+    assert_eq!(probe(&ch, &short, WORLD, 9000).await, "open");
+    assert_eq!(get(&ch, &short).await.egress_base, base);
+    // A grant that outlives the bootstrap.
+    grant(
+        &ch,
+        &short,
+        policy(vec![rule(&format!("{WORLD}/32"), &[9001])]),
+        0,
+    )
+    .await
+    .unwrap();
+    // A conversation open across the bootstrap's end.
+    let mut talk = open(
+        &ch,
+        &short,
+        &format!("python3 -c \"\nimport socket, time\ns = socket.create_connection(('{WORLD}', 9000), timeout=5)\nprint('talking', flush=True)\n\
+         try:\n    while True:\n        s.sendall(b'x')\n        if s.recv(1) != b'x':\n            break\n        time.sleep(0.05)\n    print('cut: closed')\n\
+         except OSError as e:\n    print('cut:', type(e).__name__)\n\""),
+    )
+    .await;
+    let mut out = String::new();
+    while !out.contains("talking") {
+        match s_next(&mut talk).await {
+            Some(t) => out += &t,
+            None => panic!("the conversation never started: {out}"),
+        }
+    }
+    let e = tokio::time::timeout(Duration::from_secs(30), finish(&mut talk, &mut out))
+        .await
+        .expect("the bootstrap's end cuts its conversation");
+    let at = created.elapsed();
+    eprintln!("bootstrap of 8 s: the conversation cut {at:?} after the create ({out:?})");
+    assert_eq!(e.code, 0, "{out}");
+    assert!(out.contains("cut:"), "{out}");
+    assert!(at >= Duration::from_secs(7), "cut too early: {at:?}");
+    assert_eq!(probe(&ch, &short, WORLD, 9000).await, "refused");
+    assert_eq!(probe(&ch, &short, WORLD, 9001).await, "open");
+    assert_eq!(
+        get(&ch, &short).await.egress_base,
+        Some(pb::EgressPolicy::default())
+    );
+    // With a max lifetime the base policy lasts it.
+    assert_eq!(probe(&ch, &living, WORLD, 9000).await, "open");
+    assert_eq!(get(&ch, &living).await.egress_base, base);
 }

@@ -276,6 +276,15 @@ pub struct EgressConfig {
     /// systrap moved TCP 1.4-1.9x faster than ptrace here, and starts processes 2x slower.
     #[serde(default)]
     pub runsc_platform: String,
+    /// How long a sandbox's base policy (the platform's "egress bootstrap") stays in force
+    /// when it has no max lifetime; with one, the base policy lasts the sandbox's life. After
+    /// it only grants open anything. 0 = the base policy lasts as long as the sandbox.
+    #[serde(default = "default_bootstrap_secs")]
+    pub bootstrap_secs: u64,
+}
+
+fn default_bootstrap_secs() -> u64 {
+    24 * 3600
 }
 
 fn default_dns_port() -> u16 {
@@ -312,6 +321,7 @@ impl Default for EgressConfig {
             dns_min_ttl_secs: default_dns_min_ttl(),
             suspend_with_network: false,
             runsc_platform: String::new(),
+            bootstrap_secs: default_bootstrap_secs(),
         }
     }
 }

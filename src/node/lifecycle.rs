@@ -172,6 +172,7 @@ impl Node {
                     if node.agent_enabled() {
                         node.spawn_agent_link(sb.clone(), false);
                     }
+                    node.spawn_bootstrap_end(sb.clone());
                 }
                 Err(e) => {
                     warn!(sandbox_id = %sb.id, error = %e, "sandbox failed to start");

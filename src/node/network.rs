@@ -38,6 +38,9 @@ pub const MAX_GRANT_TTL_SECS: u32 = 86_400;
 /// Most live grants of one sandbox.
 pub const MAX_GRANTS: usize = 64;
 
+/// How long a base policy lasts without a max lifetime (the platform's "egress bootstrap").
+pub const DEFAULT_BOOTSTRAP_SECS: u64 = 24 * 3600;
+
 /// Where network namespaces are bound (as `ip netns` does).
 const NETNS_DIR: &str = "/run/netns";
 
@@ -95,6 +98,9 @@ pub struct Egress {
 pub(super) struct Binding {
     slot: u32,
     base: EgressPolicy,
+    /// When the base policy (the egress bootstrap) ends, ms since the epoch: the sandbox's
+    /// max lifetime, or `[egress] bootstrap_secs` (24 h) after its creation without one.
+    base_until_ms: u64,
     grants: Vec<Grant>,
     /// Addresses allowed names resolved to for this sandbox (through the capture's DNS).
     resolved: Vec<ResolvedAddr>,
@@ -137,6 +143,11 @@ struct NameRule {
 }
 
 impl Binding {
+    /// Whether the base policy is still in force at `now`.
+    fn base_in_force(&self, now: u64) -> bool {
+        self.base_until_ms == 0 || self.base_until_ms > now
+    }
+
     /// The name rules in force at `now`: the base policy's and every active grant's.
     fn name_rules(&self, now: u64) -> Vec<NameRule> {
         let mut out = Vec::new();
@@ -155,7 +166,9 @@ impl Binding {
                 }
             }
         };
-        add(&self.base, None);
+        if self.base_in_force(now) {
+            add(&self.base, Some(self.base_until_ms));
+        }
         for g in self.grants.iter().filter(|g| !g.expired(now)) {
             add(&g.policy, (g.expires_at_ms != 0).then_some(g.expires_at_ms));
         }
@@ -195,6 +208,8 @@ pub(super) struct Net {
     pub upstream: Option<std::net::SocketAddr>,
     /// The shortest time a resolved address stays open.
     min_ttl_secs: u32,
+    /// How long a base policy lasts in a sandbox without a max lifetime.
+    bootstrap_secs: u64,
     /// `<run_dir>/net`: a file per networked sandbox id (what the runsc wrapper looks for),
     /// and its `/etc/hosts`.
     dir: PathBuf,
@@ -386,6 +401,7 @@ impl Net {
             capture,
             upstream,
             min_ttl_secs: e.dns_min_ttl_secs,
+            bootstrap_secs: e.bootstrap_secs,
             ended_tx,
             ended_rx: Mutex::new(Some(ended_rx)),
             layout,
@@ -498,8 +514,11 @@ impl Net {
     fn wanted(&self, b: &Binding) -> (Vec<Element>, Vec<Named>) {
         let now = now_ms();
         let secs = |at: u64| at.saturating_sub(now).div_ceil(1000);
-        let mut allows: Vec<(Allow, Option<u64>)> =
-            allows_of(&b.base).into_iter().map(|a| (a, None)).collect();
+        let mut allows: Vec<(Allow, Option<u64>)> = Vec::new();
+        if b.base_in_force(now) {
+            let ttl = (b.base_until_ms != 0).then(|| secs(b.base_until_ms));
+            allows.extend(allows_of(&b.base).into_iter().map(|a| (a, ttl)));
+        }
         for g in b.grants.iter().filter(|g| !g.expired(now)) {
             let ttl = (g.expires_at_ms != 0).then(|| secs(g.expires_at_ms));
             allows.extend(allows_of(&g.policy).into_iter().map(|a| (a, ttl)));
@@ -738,6 +757,7 @@ impl Node {
                 ..Default::default()
             });
             e.base = base;
+            e.base_until_ms = self.base_until_ms(sb);
         }
         lock(&n.used).insert(slot);
         self.apply_egress(&sb.id, true).await?;
@@ -1014,6 +1034,53 @@ impl Node {
 
     /// At a grant's expiry: its elements go (the kernel's timeout may have taken them
     /// already), what it alone opened is closed again and its connections are cut.
+    /// When a sandbox's base policy (its egress bootstrap) ends: at its max lifetime, or
+    /// `[egress] bootstrap_secs` after its creation when it has none.
+    fn base_until_ms(&self, sb: &Sandbox) -> u64 {
+        let secs = match sb.platform.as_ref().map_or(0, |p| p.max_lifetime_sec) {
+            0 => self
+                .net()
+                .map_or(DEFAULT_BOOTSTRAP_SECS, |n| n.bootstrap_secs),
+            s => u64::from(s),
+        };
+        if secs == 0 {
+            // `bootstrap_secs = 0`: the base policy lasts as long as the sandbox.
+            return 0;
+        }
+        let created = sb
+            .created_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        created + secs * 1000
+    }
+
+    /// Ends a sandbox's base policy at its bootstrap's end: what it opened is cut (the
+    /// kernel's elements time out by themselves; open connections and the proxy's are cut here).
+    pub(super) fn spawn_bootstrap_end(&self, sb: Arc<Sandbox>) {
+        let Some(until) = self.net().and_then(|n| {
+            lock(&n.bindings)
+                .get(&sb.id)
+                .map(|b| b.base_until_ms)
+                .filter(|u| *u != 0)
+        }) else {
+            return;
+        };
+        let node = self.clone();
+        self.inner.tasks.spawn_until(sb.cancel.clone(), async move {
+            let wait = until.saturating_sub(now_ms());
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let _ops = sb.ops.lock().await;
+            if sb.status().has_ended() {
+                return;
+            }
+            info!(sandbox_id = %sb.id, "egress bootstrap ended: the base policy opens nothing now");
+            if let Err(e) = node.apply_egress(&sb.id, false).await {
+                warn!(sandbox_id = %sb.id, error = %e, "could not end the egress bootstrap");
+            }
+        });
+    }
+
     fn spawn_grant_expiry(&self, sb: Arc<Sandbox>, grant_id: String, at_ms: u64) {
         let node = self.clone();
         self.inner.tasks.spawn_until(sb.cancel.clone(), async move {
@@ -1053,7 +1120,12 @@ impl Node {
         let b = b.get(id)?;
         let now = now_ms();
         Some(Egress {
-            base: b.base.clone(),
+            // Past its bootstrap the base policy opens nothing and is not shown.
+            base: if b.base_in_force(now) {
+                b.base.clone()
+            } else {
+                EgressPolicy::default()
+            },
             grants: b
                 .grants
                 .iter()
@@ -1092,6 +1164,7 @@ impl Node {
             Binding {
                 slot,
                 base,
+                base_until_ms: self.base_until_ms(sb),
                 grants,
                 ..Default::default()
             },

@@ -68,6 +68,7 @@ impl Node {
             // first frame.
             if sb.platform.is_some() {
                 self.recover_network(&sb, &r.labels);
+                self.spawn_bootstrap_end(sb.clone());
                 self.recover_platform(sb.clone()).await;
             }
             match sb.status() {
