@@ -8,9 +8,9 @@
 //!   every 5 ms, says RUNNING, on the node with networks (namespace, veth, table elements,
 //!   `--network=sandbox`) against the same on the bench's node without them, in turns; target
 //!   ratio <= 1.15;
-//! * `egress_tcp_throughput`: `curl` in a sandbox downloading a blob from the world over HTTP
-//!   (its own figure, `speed_download`) against the same `curl` in the plain namespace;
-//!   target ratio >= 0.5;
+//! * `egress_tcp_throughput`: `curl` in a sandbox uploading a blob to the world over HTTP (its
+//!   own figure, `speed_upload`) against the same `curl` in the plain namespace; target ratio
+//!   >= 0.5; `egress_tcp_download` the other way (`speed_download`);
 //! * `egress_grant_to_effect`: a prober in the sandbox connects every millisecond to a port no
 //!   rule opens and prints the time it first gets through; from just before GrantEgress is
 //!   sent until then;
