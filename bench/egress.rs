@@ -123,25 +123,19 @@ impl Net {
 /// Environment `web` in namespace `bench-net` on the daemon behind `root`: base policy port
 /// 8000 of the world.
 async fn setup(root: Channel) -> Result<Sbx> {
-    let _ = ppb::access_service_client::AccessServiceClient::new(root.clone())
-        .create_namespace(ppb::CreateNamespaceRequest {
-            name: NS.into(),
-            ..Default::default()
-        })
-        .await;
-    let _ = ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
-        .create_environment(ppb::CreateEnvironmentRequest {
-            environment: Some(ppb::Environment {
-                namespace: NS.into(),
-                name: "web".into(),
-                image: IMAGE.into(),
-                egress: Some(ppb::EgressPolicy {
-                    rules: vec![rule(&format!("{WORLD}/32"), 8000)],
-                }),
-                ..Default::default()
+    crate::platform::environment(
+        &root,
+        ppb::Environment {
+            namespace: NS.into(),
+            name: "web".into(),
+            image: IMAGE.into(),
+            egress: Some(ppb::EgressPolicy {
+                rules: vec![rule(&format!("{WORLD}/32"), 8000)],
             }),
-        })
-        .await;
+            ..Default::default()
+        },
+    )
+    .await;
     Ok(Sbx::new(root))
 }
 

@@ -43,22 +43,16 @@ fn msg(m: In) -> ppb::ExecClientMessage {
 
 /// An exec-only RUNNING sandbox in namespace `bench-exec`.
 async fn sandbox(root: &Channel) -> Result<String> {
-    let _ = ppb::access_service_client::AccessServiceClient::new(root.clone())
-        .create_namespace(ppb::CreateNamespaceRequest {
-            name: NS.into(),
+    crate::platform::environment(
+        root,
+        ppb::Environment {
+            namespace: NS.into(),
+            name: "py".into(),
+            image: IMAGE.into(),
             ..Default::default()
-        })
-        .await;
-    let _ = ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
-        .create_environment(ppb::CreateEnvironmentRequest {
-            environment: Some(ppb::Environment {
-                namespace: NS.into(),
-                name: "py".into(),
-                image: IMAGE.into(),
-                ..Default::default()
-            }),
-        })
-        .await;
+        },
+    )
+    .await;
     let mut s = ppb::sandbox_service_client::SandboxServiceClient::new(root.clone());
     let id = s
         .create_sandbox(ppb::CreateSandboxRequest {

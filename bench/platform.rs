@@ -42,15 +42,25 @@ fn since(t: &Option<prost_types::Timestamp>) -> Option<f64> {
     Some(SystemTime::now().duration_since(at).ok()?.as_secs_f64() * 1000.0)
 }
 
-/// Namespace `bench` and its environments `py` (a workload of `sleep 0.3`) and `py-mounts`, as
-/// root on `root`.
-async fn setup(root: Channel) -> Result<Sbx> {
+/// Environment `env` and its namespace, as root on `root` (both may exist already: a
+/// bench run reuses a daemon's records).
+pub(crate) async fn environment(root: &Channel, env: ppb::Environment) {
     let _ = ppb::access_service_client::AccessServiceClient::new(root.clone())
         .create_namespace(ppb::CreateNamespaceRequest {
-            name: NS.into(),
+            name: env.namespace.clone(),
             ..Default::default()
         })
         .await;
+    let _ = ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
+        .create_environment(ppb::CreateEnvironmentRequest {
+            environment: Some(env),
+        })
+        .await;
+}
+
+/// Namespace `bench` and its environments `py` (a workload of `sleep 0.3`) and `py-mounts`, as
+/// root on `root`.
+async fn setup(root: Channel) -> Result<Sbx> {
     // `py`, and `py-mounts`: the same with 4 ephemeral 1Gi mounts.
     for (name, mounts) in [
         ("py", &[][..]),
@@ -59,25 +69,25 @@ async fn setup(root: Channel) -> Result<Sbx> {
             &["/workspace", "/data", "/cache", "/models"][..],
         ),
     ] {
-        let _ = ppb::environment_service_client::EnvironmentServiceClient::new(root.clone())
-            .create_environment(ppb::CreateEnvironmentRequest {
-                environment: Some(ppb::Environment {
-                    namespace: NS.into(),
-                    name: name.into(),
-                    image: IMAGE.into(),
-                    default_argv: vec!["sleep".into(), "0.3".into()],
-                    workspaces: mounts
-                        .iter()
-                        .map(|p| ppb::WorkspaceMount {
-                            mount_path: p.to_string(),
-                            size: "1Gi".into(),
-                            ..Default::default()
-                        })
-                        .collect(),
-                    ..Default::default()
-                }),
-            })
-            .await;
+        environment(
+            &root,
+            ppb::Environment {
+                namespace: NS.into(),
+                name: name.into(),
+                image: IMAGE.into(),
+                default_argv: vec!["sleep".into(), "0.3".into()],
+                workspaces: mounts
+                    .iter()
+                    .map(|p| ppb::WorkspaceMount {
+                        mount_path: p.to_string(),
+                        size: "1Gi".into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        )
+        .await;
     }
     Ok(Sbx::new(root))
 }

@@ -299,27 +299,11 @@ fn policy(rules: Vec<pb::EgressRule>) -> Option<pb::EgressPolicy> {
 
 /// Namespace `ns` with environment `env` whose base egress is `egress`.
 async fn environment(ch: &Channel, ns: &str, env: &str, egress: Option<pb::EgressPolicy>) {
-    let _ = pb::access_service_client::AccessServiceClient::new(ch.clone())
-        .create_namespace(pb::CreateNamespaceRequest {
-            name: ns.into(),
-            ..Default::default()
-        })
-        .await;
-    pb::environment_service_client::EnvironmentServiceClient::new(ch.clone())
-        .create_environment(pb::CreateEnvironmentRequest {
-            environment: Some(pb::Environment {
-                namespace: ns.into(),
-                name: env.into(),
-                image: IMAGE.into(),
-                egress,
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap();
+    environment_living(ch, ns, env, egress, 0).await;
 }
 
-/// Environment `env` of `ns` with base egress `egress` and a max lifetime.
+/// Namespace `ns` with environment `env` whose base egress is `egress`, with a max lifetime
+/// (0: none).
 async fn environment_living(
     ch: &Channel,
     ns: &str,

@@ -38,6 +38,15 @@ pub const MAX_GRANT_TTL_SECS: u32 = 86_400;
 /// Most live grants of one sandbox.
 pub const MAX_GRANTS: usize = 64;
 
+/// A sandbox's base policy, from its platform spec (none: deny-all).
+fn base_policy(sb: &Sandbox) -> EgressPolicy {
+    sb.platform
+        .as_ref()
+        .and_then(|p| p.egress.clone())
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
+}
+
 /// How long a base policy lasts without a max lifetime (the platform's "egress bootstrap").
 pub const DEFAULT_BOOTSTRAP_SECS: u64 = 24 * 3600;
 
@@ -730,12 +739,7 @@ impl Node {
         else {
             return Ok(());
         };
-        let base: EgressPolicy = sb
-            .platform
-            .as_ref()
-            .and_then(|p| p.egress.clone())
-            .and_then(|v| serde_json::from_value(v).ok())
-            .unwrap_or_default();
+        let base = base_policy(sb);
         let t0 = std::time::Instant::now();
         let node = self.clone();
         let (id, host) = (sb.id.clone(), format!("sandbox-{}", &sb.id[..8]));
@@ -1145,12 +1149,7 @@ impl Node {
         if sb.status().has_ended() {
             return;
         }
-        let base: EgressPolicy = sb
-            .platform
-            .as_ref()
-            .and_then(|p| p.egress.clone())
-            .and_then(|v| serde_json::from_value(v).ok())
-            .unwrap_or_default();
+        let base = base_policy(sb);
         let now = now_ms();
         let grants: Vec<Grant> = Self::grants_of_labels(labels)
             .into_iter()
