@@ -8,9 +8,12 @@
 //!   every 5 ms, says RUNNING, on the node with networks (namespace, veth, table elements,
 //!   `--network=sandbox`) against the same on the bench's node without them, in turns; target
 //!   ratio <= 1.15;
-//! * `egress_tcp_throughput`: `curl` in a sandbox uploading a blob to the world over HTTP (its
-//!   own figure, `speed_upload`) against the same `curl` in the plain namespace; target ratio
-//!   >= 0.5; `egress_tcp_download` the other way (`speed_download`);
+//! * `egress_tcp_throughput`: a bulk TCP upload with 1 MiB writes (python3 in the sandbox,
+//!   what iperf measures) to the world's sink, against the same from the plain namespace;
+//!   target ratio >= 0.5; `egress_tcp_download` the other way (1 MiB reads);
+//! * `egress_http_upload`, `egress_http_download`: the same blob by `curl` over HTTP (its own
+//!   figures, `speed_upload` and `speed_download`; its 64 KiB writes and 16 KiB reads make it
+//!   a measure of the sandbox's system call cost as much as of its network);
 //! * `egress_grant_to_effect`: a prober in the sandbox connects every millisecond to a port no
 //!   rule opens and prints the time it first gets through; from just before GrantEgress is
 //!   sent until then;
@@ -130,7 +133,9 @@ async fn setup(root: Channel) -> Result<Sbx> {
             name: "web".into(),
             image: IMAGE.into(),
             egress: Some(ppb::EgressPolicy {
-                rules: vec![rule(&format!("{WORLD}/32"), 8000)],
+                rules: [8000, 9100, 9101]
+                    .map(|p| rule(&format!("{WORLD}/32"), p))
+                    .to_vec(),
             }),
             ..Default::default()
         },
@@ -259,6 +264,42 @@ fn curl_speed(text: &str) -> Result<f64> {
     Ok(bps / 1e6)
 }
 
+/// A bulk TCP transfer with 1 MiB buffers (what iperf measures), run by the sandbox's and the
+/// host's python3: `BULK HOST up|down BYTES` sends BYTES to the world's sink (port 9100, which
+/// answers the count once the sender's end came) or reads them from its source (port 9101);
+/// prints MB/s, from connected to the last byte (acknowledged by the sink's count, for up).
+const BULK: &str = r#"
+import socket, sys, time
+h, way, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.create_connection((h, 9100 if way == 'up' else 9101))
+buf = bytearray(1 << 20)
+t = time.monotonic()
+got = 0
+if way == 'up':
+    view = memoryview(buf)
+    while got < n:
+        got += s.send(view[:min(n - got, len(buf))])
+    s.shutdown(socket.SHUT_WR)
+    got = int(s.makefile().readline())
+else:
+    while True:
+        k = s.recv_into(buf)
+        if not k:
+            break
+        got += k
+dt = time.monotonic() - t
+if got != n:
+    sys.exit('moved %d of %d bytes' % (got, n))
+print(n / dt / 1e6)
+"#;
+
+/// A transfer's own figure, MB/s.
+fn mbps(text: &str) -> Result<f64> {
+    text.trim()
+        .parse()
+        .with_context(|| format!("the transfer said {text:?}"))
+}
+
 /// `nft -f` of one element into a scratch table of namespace `ns`, ms.
 fn raw_nft(ns: &str) -> Result<f64> {
     use std::io::Write;
@@ -288,6 +329,10 @@ struct Measured {
     up_plain: Vec<f64>,
     down_sandbox: Vec<f64>,
     down_plain: Vec<f64>,
+    bulk_up_sandbox: Vec<f64>,
+    bulk_up_plain: Vec<f64>,
+    bulk_down_sandbox: Vec<f64>,
+    bulk_down_plain: Vec<f64>,
     grant_ms: Vec<f64>,
     revoke_ms: Vec<f64>,
     nft_ms: Vec<f64>,
@@ -351,12 +396,41 @@ async fn measure(quick: bool, plain: &Ours, net: &Net, egress: &Ours) -> Result<
             down(PLAIN_WORLD)
         ))?;
         let p_down = curl_speed(&t)?;
+        let n = blob.to_string();
+        let bulk = |way| ["python3", "-c", BULK, WORLD, way, &n];
+        let plain = |way: &str| -> Result<f64> {
+            let out = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &net.plain,
+                    "python3",
+                    "-c",
+                    BULK,
+                    PLAIN_WORLD,
+                    way,
+                    &n,
+                ])
+                .output()?;
+            if !out.status.success() {
+                bail!("bulk {way}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            mbps(&String::from_utf8_lossy(&out.stdout))
+        };
+        let b_up = mbps(&output(start(&mut with, &id, &bulk("up")).await?).await?)?;
+        let pb_up = plain("up")?;
+        let b_down = mbps(&output(start(&mut with, &id, &bulk("down")).await?).await?)?;
+        let pb_down = plain("down")?;
         // The first transfer of each warms up.
         if i > 0 {
             m.up_sandbox.push(s_up);
             m.up_plain.push(p_up);
             m.down_sandbox.push(s_down);
             m.down_plain.push(p_down);
+            m.bulk_up_sandbox.push(b_up);
+            m.bulk_up_plain.push(pb_up);
+            m.bulk_down_sandbox.push(b_down);
+            m.bulk_down_plain.push(pb_down);
         }
     }
     let _ = std::fs::remove_file(&shm);
@@ -469,6 +543,7 @@ pub async fn group(
     egress: Ours,
     dir: PathBuf,
     platform: &str,
+    network: &str,
 ) -> Vec<Scenario> {
     let r: Result<Measured> = async {
         let net = Net::new(if quick { 64 << 20 } else { 256 << 20 })?;
@@ -476,7 +551,8 @@ pub async fn group(
             &net.host,
             &format!("bench-egress-{}", std::process::id()),
             &format!(
-                "[egress]\nuplink = \"up0\"\niface_prefix = \"bn-\"\nrunsc_platform = {platform:?}\n"
+                "[egress]\nuplink = \"up0\"\niface_prefix = \"bn-\"\nrunsc_platform = {platform:?}\n\
+                 runsc_network = {network:?}\n"
             ),
         )?;
         eprintln!(
@@ -515,19 +591,38 @@ pub async fn group(
             "egress_tcp_throughput",
             "MB/s",
             Better::Higher,
-            &split(|m| &m.up_sandbox),
-            &split(|m| &m.up_plain),
-            "curl's speed_upload of a blob (in memory) to the world over HTTP: ours from a \
-             sandbox through its veth, the node's table and the uplink; baseline: from a plain \
-             network namespace joined to the world by a veth; target ratio >= 0.5",
+            &split(|m| &m.bulk_up_sandbox),
+            &split(|m| &m.bulk_up_plain),
+            "a bulk TCP upload with 1 MiB writes (python3, what iperf measures) to the world's \
+             sink: ours from a sandbox through its veth, the node's table and the uplink; \
+             baseline: from a plain network namespace joined to the world by a veth; target \
+             ratio >= 0.5",
         ),
         scenario(
             "egress_tcp_download",
             "MB/s",
             Better::Higher,
+            &split(|m| &m.bulk_down_sandbox),
+            &split(|m| &m.bulk_down_plain),
+            "the other way of egress_tcp_throughput: 1 MiB reads from the world's source",
+        ),
+        scenario(
+            "egress_http_upload",
+            "MB/s",
+            Better::Higher,
+            &split(|m| &m.up_sandbox),
+            &split(|m| &m.up_plain),
+            "curl's speed_upload of a blob (in memory) to the world over HTTP (curl's 64 KiB \
+             writes), sandbox vs plain namespace",
+        ),
+        scenario(
+            "egress_http_download",
+            "MB/s",
+            Better::Higher,
             &split(|m| &m.down_sandbox),
             &split(|m| &m.down_plain),
-            "curl's speed_download of the world's blob, the other way of egress_tcp_throughput",
+            "curl's speed_download of the world's blob (curl's 16 KiB reads), sandbox vs plain \
+             namespace",
         ),
         scenario(
             "egress_grant_to_effect",

@@ -85,11 +85,32 @@ pub fn test_data(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a daemon to bind.
+///
+/// It comes from below the kernel's ephemeral range, never from `bind(:0)`: a port the kernel
+/// hands out can become the source port of an outgoing connection before the daemon binds it
+/// (tests/common's `free_port` met that in CI). Calls move on from a per-process start.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 14_000;
+    const SPAN: u32 = 6_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id() % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        format!("no free loopback port in {LOW}..{}", LOW + SPAN),
+    ))
 }
 
 /// Runs `ctr --address SOCK --namespace NS ARGS…` and returns stdout (empty on failure).

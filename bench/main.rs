@@ -87,6 +87,10 @@ struct Args {
     /// runsc_platform`; empty: the node's).
     #[arg(long, default_value = "")]
     egress_platform: String,
+    /// The egress group's node: whose network stack its sandboxes run on (`[egress]
+    /// runsc_network`: sandbox or host).
+    #[arg(long, default_value = "sandbox")]
+    egress_network: String,
     /// Override: rounds of the workloads per side.
     #[arg(long)]
     workload_rounds: Option<usize>,
@@ -963,7 +967,16 @@ async fn run(
             dir.clone(),
             &args.storage_class,
         )?;
-        for s in egress::group(args.quick, ours, egress, dir, &args.egress_platform).await {
+        for s in egress::group(
+            args.quick,
+            ours,
+            egress,
+            dir,
+            &args.egress_platform,
+            &args.egress_network,
+        )
+        .await
+        {
             push(s);
         }
     }

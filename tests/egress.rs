@@ -157,8 +157,16 @@ impl World {
 
     /// A node daemon in the host namespace with `[egress]` on the uplink (the table and the
     /// interface prefix its own, the cluster range on its never list), `extra` added to it.
+    /// `COMPUTE_TEST_EGRESS_NETWORK` (sandbox or host) sets `runsc_network` where a test
+    /// does not: the whole file on the other stack, by hand.
     fn node(&self, name: &str, extra: &str) -> Daemon {
         let prefix = &self.prefix;
+        let mut extra = extra.to_string();
+        if let Ok(stack) = std::env::var("COMPUTE_TEST_EGRESS_NETWORK") {
+            if !extra.contains("runsc_network") {
+                extra.push_str(&format!("\nrunsc_network = {stack:?}\n"));
+            }
+        }
         start_with(
             name,
             &format!(
@@ -417,9 +425,23 @@ fn within_one_percent(what: &str, got: u64, want: u64, slack: u64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cidr_policies_live_grants_the_never_list_and_exact_bytes() {
+    cidr_policies_on("sandbox").await;
+}
+
+/// The same with `[egress] runsc_network = "host"`: the host kernel's stack inside the
+/// sandbox's namespace is held by the same table and metered alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_the_host_stack_too_cidr_policies_live_grants_the_never_list_and_exact_bytes() {
+    cidr_policies_on("host").await;
+}
+
+async fn cidr_policies_on(stack: &str) {
     need!();
-    let w = World::new("a", &[], 300);
-    let d = w.node("egress-cidr", "");
+    let w = World::new(if stack == "host" { "o" } else { "a" }, &[], 300);
+    let d = w.node(
+        &format!("egress-cidr-{stack}"),
+        &format!("runsc_network = {stack:?}\n"),
+    );
     let ch = d.local_channel().await;
     environment(&ch, "team", "closed", None).await;
     environment(

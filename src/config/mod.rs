@@ -276,11 +276,22 @@ pub struct EgressConfig {
     /// systrap moved TCP 1.4-1.9x faster than ptrace here, and starts processes 2x slower.
     #[serde(default)]
     pub runsc_platform: String,
+    /// Whose network stack a sandbox with a network runs on: "sandbox" (gVisor's netstack
+    /// inside the sentry, the default) or "host" (runsc `--network=host`: the host kernel's
+    /// TCP/IP, still inside the sandbox's own namespace, veth and the node's table, which go
+    /// on enforcing and metering; faster, at the cost of exposing the kernel's socket code to
+    /// the sandbox through the sentry).
+    #[serde(default = "default_runsc_network")]
+    pub runsc_network: String,
     /// How long a sandbox's base policy (the platform's "egress bootstrap") stays in force
     /// when it has no max lifetime; with one, the base policy lasts the sandbox's life. After
     /// it only grants open anything. 0 = the base policy lasts as long as the sandbox.
     #[serde(default = "default_bootstrap_secs")]
     pub bootstrap_secs: u64,
+}
+
+fn default_runsc_network() -> String {
+    "sandbox".into()
 }
 
 fn default_bootstrap_secs() -> u64 {
@@ -321,6 +332,7 @@ impl Default for EgressConfig {
             dns_min_ttl_secs: default_dns_min_ttl(),
             suspend_with_network: false,
             runsc_platform: String::new(),
+            runsc_network: default_runsc_network(),
             bootstrap_secs: default_bootstrap_secs(),
         }
     }
@@ -471,6 +483,19 @@ impl Config {
                     "[egress]: runsc_platform {:?} is not ptrace, systrap or kvm (or empty)",
                     e.runsc_platform
                 ));
+            }
+            if !["sandbox", "host"].contains(&e.runsc_network.as_str()) {
+                return bad(format!(
+                    "[egress]: runsc_network {:?} is not sandbox or host",
+                    e.runsc_network
+                ));
+            }
+            if e.runsc_network == "host" && e.suspend_with_network {
+                return bad(
+                    "[egress]: suspend_with_network needs runsc_network = \"sandbox\" \
+                     (runsc cannot checkpoint the host's sockets)"
+                        .into(),
+                );
             }
             if e.dns_port == 0 || e.proxy_port == 0 || e.dns_port == e.proxy_port {
                 return bad(format!(

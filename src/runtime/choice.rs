@@ -190,9 +190,10 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
                 .then(|| "--net-disconnect-ok".to_string())
                 .into_iter()
                 .collect();
-            if let Some(p) = cfg.egress.as_ref().map(|e| e.runsc_platform.as_str()) {
-                if !p.is_empty() {
-                    net_flags.push(format!("--platform={}", platform_for(p, &runsc)?));
+            if let Some(e) = &cfg.egress {
+                if !e.runsc_platform.is_empty() {
+                    let p = platform_for(&e.runsc_platform, &runsc)?;
+                    net_flags.push(format!("--platform={p}"));
                 }
             }
             let script = spec::wrapper_script(
@@ -200,6 +201,7 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
                 &flags,
                 &net_flags,
                 &cfg.run_dir.join("net"),
+                cfg.egress.as_ref().map_or("sandbox", |e| &e.runsc_network),
             );
             write_if_changed(&wrapper, script.as_bytes(), 0o755)?;
             let opts = RuncOptions {

@@ -179,16 +179,19 @@ pub fn exec_process(
 
 /// The runsc wrapper containerd's runc v2 shim runs as its runc: runsc with `flags`, and
 /// `--network=none` unless one of its arguments names a file in `net_dir` (a container with a
-/// network: the node's sandbox networks, [`crate::egress`]), which gets `--network=sandbox`
-/// and `net_flags`.
-/// Such a container's `start` and `restore` run in a mount namespace of their own with a tmpfs
-/// over `/proc/sys` holding only `vm/mmap_min_addr`: this runsc takes a namespace where
-/// `/proc/sys/net/core/rmem_default` exists for the host's own and refuses it (DESIGN.md).
+/// network: the node's sandbox networks, [`crate::egress`]), which gets `--network={stack}`
+/// (`sandbox`: gVisor's netstack; `host`: the host kernel's, inside the container's own
+/// namespace) and `net_flags`.
+/// With netstack, such a container's `start` and `restore` run in a mount namespace of their
+/// own with a tmpfs over `/proc/sys` holding only `vm/mmap_min_addr`: this runsc takes a
+/// namespace where `/proc/sys/net/core/rmem_default` exists for the host's own and refuses it
+/// (DESIGN.md). The host stack reads the kernel's settings there and gets the real one.
 pub fn wrapper_script(
     runsc: &Path,
     flags: &[String],
     net_flags: &[String],
     net_dir: &Path,
+    stack: &str,
 ) -> String {
     let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
     let flags: Vec<String> = flags.iter().map(|f| q(f)).collect();
@@ -197,6 +200,7 @@ pub fn wrapper_script(
     let net_flags = net_flags.join(" ");
     let runsc = q(&runsc.display().to_string());
     let dir = q(&net_dir.display().to_string());
+    let stack = if stack == "host" { "host" } else { "sandbox" };
     // runc's shim passes runc's own checkpoint and restore flags, which runsc does not know:
     // `--work-path DIR` (CRIU's work directory) and `-no-subreaper`. They are dropped.
     format!(
@@ -213,12 +217,12 @@ for a do
     --work-path=*|-work-path=*|-no-subreaper|--no-subreaper) continue ;;
     start|restore) [ -z "$sub" ] && sub=$a ;;
     */*|-*) ;;
-    *) [ -e {dir}/"$a" ] && net=--network=sandbox ;;
+    *) [ -e {dir}/"$a" ] && net=--network={stack} ;;
   esac
   set -- "$@" "$a"
 done
-if [ "$net" = --network=sandbox ]; then
-  if [ -n "$sub" ]; then
+if [ "$net" != --network=none ]; then
+  if [ "$net" = --network=sandbox ] && [ -n "$sub" ]; then
     exec unshare -m --propagation private /bin/sh -c 'm=$(cat /proc/sys/vm/mmap_min_addr) && mount -t tmpfs -o size=64k tmpfs /proc/sys && mkdir /proc/sys/vm && echo "$m" > /proc/sys/vm/mmap_min_addr && exec "$@"' runsc {runsc} "$net" {flags} {net_flags} "$@"
   fi
   exec {runsc} "$net" {flags} {net_flags} "$@"
@@ -307,6 +311,7 @@ mod tests {
             &["--overlay2=root:memory".into(), "--x='y'".into()],
             &["--net-disconnect-ok".into()],
             Path::new("/run/compute/net"),
+            "sandbox",
         );
         assert!(
             w.contains(r#"'--x='\''y'\''' '--net-disconnect-ok' "$@""#),
@@ -318,6 +323,20 @@ mod tests {
             ),
             "{w}"
         );
-        assert!(w.contains(r#"[ -e '/run/compute/net'/"$a" ]"#), "{w}");
+        assert!(
+            w.contains(r#"[ -e '/run/compute/net'/"$a" ] && net=--network=sandbox"#),
+            "{w}"
+        );
+        let h = wrapper_script(
+            Path::new("/usr/bin/runsc"),
+            &[],
+            &[],
+            Path::new("/n"),
+            "host",
+        );
+        assert!(
+            h.contains(r#"[ -e '/n'/"$a" ] && net=--network=host"#),
+            "{h}"
+        );
     }
 }

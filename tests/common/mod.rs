@@ -135,13 +135,31 @@ pub fn which(bin: &str) -> Option<PathBuf> {
     })
 }
 
-/// A TCP port on loopback that was free a moment ago.
+/// A TCP port on loopback that was free a moment ago, for a daemon to bind.
+///
+/// It comes from below the kernel's ephemeral range (32768 and up by default), never from
+/// `bind(:0)`: a port the kernel hands out is also the source port of the next outgoing
+/// connection (containerd's, a sandbox's), which took one between this check and the daemon's
+/// bind in CI ("Address already in use"). Each call moves on from a per-process start, so two
+/// calls in one test binary never return the same port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let seed = std::process::id().wrapping_mul(7919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    let _ = NEXT.compare_exchange(u32::MAX, seed % SPAN, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 /// `127.0.0.1:PORT` with a [`free_port`].

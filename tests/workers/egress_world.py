@@ -7,6 +7,8 @@ interface first):
   * HTTP on port 8000 and 80: GET /blob sends --blob-bytes bytes, POST /upload reads the body
     and answers its length, anything else answers "world <Host header>";
   * TCP echo on ports 9000-9002 (one byte back for each byte in);
+  * bulk TCP (the bench's throughput, 1 MiB buffers): port 9100 reads until the peer's end
+    and answers how many bytes came; port 9101 sends --blob-bytes zero bytes and closes;
   * TLS on port 443 (a self-signed certificate): answers "tls <SNI>" and closes;
   * DNS on UDP and TCP port 53: A records from --name NAME=ADDR (TTL --ttl), an empty answer for
     other types of a known name, NXDOMAIN otherwise; every query is printed to stdout as
@@ -74,6 +76,29 @@ class Echo(socketserver.BaseRequestHandler):
             if not b:
                 return
             self.request.sendall(b)
+
+
+class Sink(socketserver.BaseRequestHandler):
+    def handle(self):
+        buf = bytearray(1 << 20)
+        got = 0
+        while True:
+            n = self.request.recv_into(buf)
+            if not n:
+                break
+            got += n
+        self.request.sendall(b"%d\n" % got)
+
+
+class Source(socketserver.BaseRequestHandler):
+    size = 0
+
+    def handle(self):
+        buf = bytes(1 << 20)
+        left = Source.size
+        while left > 0:
+            left -= self.request.send(memoryview(buf)[: min(left, len(buf))])
+        self.request.shutdown(socket.SHUT_WR)
 
 
 class ThreadingTCP(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -178,6 +203,7 @@ def main():
     p.add_argument("--ttl", type=int, default=300)
     p.add_argument("--blob-bytes", type=int, default=10 << 20)
     a = p.parse_args()
+    Source.size = a.blob_bytes
     Http.blob = bytes(range(256)) * (a.blob_bytes // 256) + b"x" * (a.blob_bytes % 256)
     names = {}
     for n in a.name:
@@ -196,6 +222,8 @@ def main():
             serve_forever(ThreadingHTTP((addr, port), Http))
         for port in (9000, 9001, 9002):
             serve_forever(ThreadingTCP((addr, port), Echo))
+        serve_forever(ThreadingTCP((addr, 9100), Sink))
+        serve_forever(ThreadingTCP((addr, 9101), Source))
         tls_server(addr, ctx)
     if a.dns_addr:
         dns_servers(a.dns_addr, names, a.ttl)
