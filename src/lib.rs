@@ -15,6 +15,7 @@ pub mod metering;
 pub mod metrics;
 pub mod node;
 pub mod platform;
+pub mod preview;
 pub mod relay;
 pub mod router;
 pub mod runtime;

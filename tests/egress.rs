@@ -12,7 +12,7 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::*;
 use computed::api::platform::v1 as pb;
@@ -164,7 +164,8 @@ impl World {
         let mut extra = extra.to_string();
         if let Ok(stack) = std::env::var("COMPUTE_TEST_EGRESS_NETWORK") {
             if !extra.contains("runsc_network") {
-                extra.push_str(&format!("\nrunsc_network = {stack:?}\n"));
+                // First: `extra` may open a table of its own.
+                extra = format!("runsc_network = {stack:?}\n{extra}");
             }
         }
         start_with(
@@ -1118,4 +1119,235 @@ async fn the_base_policy_ends_with_its_bootstrap_and_grants_go_on() {
     // With a max lifetime the base policy lasts it.
     assert_eq!(probe(&ch, &living, WORLD, 9000).await, "open");
     assert_eq!(get(&ch, &living).await.egress_base, base);
+}
+
+/// `curl` in the host namespace against a preview URL (its host name resolved to the node's
+/// proxy): "CODE BODY".
+fn preview_curl(w: &World, url: &str, extra: &str) -> String {
+    let host = url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .to_string();
+    let (name, port) = host.rsplit_once(':').unwrap();
+    w.in_host(&format!(
+        "curl -s -m 10 -w \n%{{http_code}} --resolve {name}:{port}:127.0.0.1 {extra} {url}"
+    ))
+    .trim()
+    .rsplit_once('\n')
+    .map(|(body, code)| format!("{code} {body}"))
+    .unwrap_or_default()
+}
+
+async fn expose(
+    ch: &Channel,
+    id: &str,
+    port: u32,
+    auth: pb::ExposureAuth,
+    ttl_sec: u32,
+) -> Result<pb::PortExposure, tonic::Status> {
+    SandboxServiceClient::new(ch.clone())
+        .expose_sandbox_port(pb::ExposeSandboxPortRequest {
+            sandbox_id: id.into(),
+            port,
+            auth: auth as i32,
+            ttl_sec,
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Preview URLs (issue 21) through the node's proxy: a real `http.server` in a sandbox reached
+/// by curl with a signed URL (its cookie after the redirect), refused with no, a wrong, another
+/// port's or an expired token; public access; unexpose; the rejections; preview bytes metered.
+#[tokio::test(flavor = "multi_thread")]
+async fn preview_urls_reach_a_sandbox_app_through_the_nodes_proxy() {
+    need!();
+    let w = World::new("p", &[], 300);
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("preview.key");
+    std::fs::write(&key, "k".repeat(40)).unwrap();
+    let d = w.node(
+        "egress-preview",
+        &format!(
+            "[preview]\ndomain = \"preview.test\"\nlisten = \"0.0.0.0:18088\"\nscheme = \"http\"\n\
+             public_port = 18088\nsigning_key_file = {key:?}\n"
+        ),
+    );
+    let ch = d.local_channel().await;
+    environment(&ch, "team", "closed", None).await;
+    let id = sandbox(&ch, "team", "closed", None).await;
+    // The app: a page and 1 MiB, served while this exec lives.
+    let mut app = open(
+        &ch,
+        &id,
+        "mkdir -p /tmp/site && cd /tmp/site && echo hello from the sandbox > index.html && \
+         head -c 1048576 /dev/zero > big && python3 -m http.server 8000 >/dev/null 2>&1 & \
+         until curl -s -o /dev/null http://127.0.0.1:8000/; do sleep 0.2; done; echo serving; wait",
+    )
+    .await;
+    assert_eq!(
+        s_next(&mut app).await.as_deref().map(str::trim),
+        Some("serving")
+    );
+
+    let signed = expose(&ch, &id, 8000, pb::ExposureAuth::Unspecified, 0)
+        .await
+        .unwrap();
+    let base = format!("http://8000-{id}.preview.test:18088/");
+    assert_eq!(
+        signed.url,
+        format!("{base}?preview_token={}", signed.access_token)
+    );
+    assert_eq!(signed.auth, pb::ExposureAuth::SignedUrl as i32);
+    let expires = signed.expires_at.as_ref().unwrap().seconds;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (expires - now - 3600).abs() <= 5,
+        "default ttl: {expires} vs {now}"
+    );
+
+    // The signed URL: a redirect that sets the cookie, then the app (curl follows with it).
+    let jar = dir.path().join("jar");
+    let first = preview_curl(&w, &signed.url, "");
+    assert!(first.starts_with("303 "), "{first}");
+    let page = preview_curl(
+        &w,
+        &signed.url,
+        &format!("-L -c {} -b {}", jar.display(), jar.display()),
+    );
+    assert_eq!(page, "200 hello from the sandbox");
+    // The cookie alone, again.
+    assert_eq!(
+        preview_curl(&w, &base, &format!("-b {}", jar.display())),
+        "200 hello from the sandbox"
+    );
+    // No token, a wrong one, another port's: refused.
+    assert!(preview_curl(&w, &base, "").starts_with("403 "));
+    assert!(preview_curl(&w, &format!("{base}?preview_token=v1.1.2.3"), "").starts_with("403 "));
+    let other = expose(&ch, &id, 8001, pb::ExposureAuth::SignedUrl, 0)
+        .await
+        .unwrap();
+    let stolen = format!("{base}?preview_token={}", other.access_token);
+    assert!(
+        preview_curl(&w, &stolen, "").starts_with("403 "),
+        "another port's token"
+    );
+    // An expired one.
+    let short = expose(&ch, &id, 8000, pb::ExposureAuth::SignedUrl, 1)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(
+        preview_curl(&w, &short.url, "").starts_with("403 "),
+        "expired"
+    );
+    // The other sandbox port answers nothing: a valid token gets 502.
+    assert!(preview_curl(&w, &other.url, "-L -c /dev/null").starts_with("502 "));
+
+    // Public: no token; and the bytes it moves are the sandbox's.
+    let public = expose(&ch, &id, 8000, pb::ExposureAuth::Public, 0)
+        .await
+        .unwrap();
+    assert_eq!(public.url, base);
+    assert!(public.access_token.is_empty() && public.expires_at.is_none());
+    assert_eq!(preview_curl(&w, &base, ""), "200 hello from the sandbox");
+    let usage = |sb: pb::Sandbox| {
+        let u = sb.usage.expect("GetSandbox carries usage");
+        (u.network_egress_bytes, u.network_ingress_bytes)
+    };
+    let before = usage(get(&ch, &id).await);
+    let got = w.in_host(&format!(
+        "curl -s -m 20 -o /dev/null -w %{{size_download}} --resolve 8000-{id}.preview.test:18088:127.0.0.1 {base}big"
+    ));
+    assert_eq!(got.trim(), "1048576");
+    let after = usage(get(&ch, &id).await);
+    assert!(
+        after.0 - before.0 >= 1 << 20 && after.0 - before.0 < (1 << 20) + (256 << 10),
+        "preview bytes out of the sandbox: {before:?} -> {after:?}"
+    );
+    let sb = get(&ch, &id).await;
+    let ports: Vec<(u32, i32, String)> = sb
+        .exposures
+        .iter()
+        .map(|e| (e.port, e.auth, e.url.clone()))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (8000, pb::ExposureAuth::Public as i32, base.clone()),
+            (
+                8001,
+                pb::ExposureAuth::SignedUrl as i32,
+                format!("http://8001-{id}.preview.test:18088/")
+            ),
+        ]
+    );
+    assert!(sb.exposures.iter().all(|e| e.access_token.is_empty()));
+
+    // Unexposed: the public URL is gone; twice is a no-op.
+    for _ in 0..2 {
+        SandboxServiceClient::new(ch.clone())
+            .unexpose_sandbox_port(pb::UnexposeSandboxPortRequest {
+                sandbox_id: id.clone(),
+                port: 8000,
+            })
+            .await
+            .unwrap();
+    }
+    assert!(preview_curl(&w, &base, "").starts_with("404 "));
+    // A host name that is no preview.
+    let nothing = w.in_host(
+        "curl -s -m 5 -o /dev/null -w %{http_code} -H Host:example.com http://127.0.0.1:18088/",
+    );
+    assert_eq!(nothing.trim(), "404");
+
+    // The rejections.
+    for (port, auth, ttl, code) in [
+        (80, pb::ExposureAuth::Public, 0, Code::InvalidArgument),
+        (53, pb::ExposureAuth::Public, 0, Code::InvalidArgument),
+        (443, pb::ExposureAuth::Public, 0, Code::InvalidArgument),
+        (0, pb::ExposureAuth::Public, 0, Code::InvalidArgument),
+        (65536, pb::ExposureAuth::Public, 0, Code::InvalidArgument),
+        (
+            8000,
+            pb::ExposureAuth::SignedUrl,
+            86401,
+            Code::InvalidArgument,
+        ),
+        (8000, pb::ExposureAuth::ForwardAuth, 0, Code::Unimplemented),
+    ] {
+        let e = expose(&ch, &id, port, auth, ttl).await.unwrap_err();
+        assert_eq!(e.code(), code, "port {port} {auth:?} ttl {ttl}: {e:?}");
+    }
+    let e = expose(
+        &ch,
+        "0b5f6c1e-7d1a-4c6e-9a53-2f8f7b1d2c3a",
+        8000,
+        pb::ExposureAuth::Public,
+        0,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+
+    // The exposures are the sandbox's record: a restarted node still has them.
+    drop(app);
+    let mut d = d;
+    d.kill9();
+    d.spawn();
+    let ch = d.local_channel().await;
+    let sb = get(&ch, &id).await;
+    assert_eq!(sb.exposures.len(), 1);
+    assert_eq!(sb.exposures[0].port, 8001);
+    SandboxServiceClient::new(ch.clone())
+        .delete_sandbox(pb::DeleteSandboxRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
 }

@@ -381,11 +381,13 @@ const ID_ADDRESSED: &[&str] = &[
     "DeleteWorkspace",
 ];
 
-/// The sandbox RPCs served since issues 17-20 (the rest answer UNIMPLEMENTED past the gate).
+/// The sandbox RPCs served since issues 17-21 (the rest answer UNIMPLEMENTED past the gate).
 const SERVED: &[&str] = &[
     "CreateSandbox",
     "GrantEgress",
     "RevokeEgress",
+    "ExposeSandboxPort",
+    "UnexposeSandboxPort",
     "ExecInSandbox",
     "DeleteSandbox",
     "GetSandbox",
@@ -1253,6 +1255,19 @@ async fn platform_sandboxes_run_their_workloads_and_tell_their_lives() {
         .await
         .unwrap_err();
     assert_eq!(g.code(), Code::Unimplemented, "{g:?}");
+    // Nor preview URLs (no [preview]).
+    let e = s
+        .expose_sandbox_port(with(
+            pb::ExposeSandboxPortRequest {
+                sandbox_id: id.clone(),
+                port: 8000,
+                ..Default::default()
+            },
+            Some(&op),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
     let events = watch_all(&mut s, &id, &viewer, Duration::from_secs(20)).await;
     let states: Vec<(i32, String)> = events
         .iter()

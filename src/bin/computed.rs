@@ -428,6 +428,10 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
              the network flag of its one TOML (networks per sandbox come with a second TOML)"
         );
     }
+    // A preview signing key that cannot be read stops the node before it serves.
+    if let Some(p) = &cfg.preview {
+        computed::preview::token::Signer::from_file(&p.signing_key_file)?;
+    }
     let images = runtime::ImagePolicy {
         pull_missing: cfg.pull_missing,
         insecure_registries: cfg.insecure_registries.clone(),
@@ -456,7 +460,22 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
             }
         });
     }
+    let preview_stop = tokio_util::sync::CancellationToken::new();
+    if let Some((listen, settings)) = node.preview_proxy_settings() {
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("bind the preview proxy on {listen}: {e}"))?;
+        tracing::info!(addr = %listen, "serving preview URLs");
+        let routes = Arc::new(computed::node::preview::Routes(node.clone()));
+        node.tasks().spawn(computed::preview::proxy::serve(
+            listener,
+            routes,
+            settings,
+            preview_stop.clone(),
+        ));
+    }
     computed::server::serve(node.clone(), shutdown_signal()).await?;
+    preview_stop.cancel();
     // Execs were cancelled when the signal came: they get their grace to stop.
     let grace = std::time::Duration::from_secs(node.config().cancel_grace_secs + 5);
     if !node.shutdown(grace).await {

@@ -203,6 +203,9 @@ pub struct Config {
     /// Sandbox networks (`[egress]`): absent, platform sandboxes have no network and
     /// GrantEgress is UNIMPLEMENTED; compute.v1 sandboxes never have one.
     pub egress: Option<EgressConfig>,
+    /// Preview URLs (`[preview]`, docs/preview.md): absent, ExposeSandboxPort is
+    /// UNIMPLEMENTED. Needs `[egress]` (the proxy reaches apps at their sandbox's address).
+    pub preview: Option<PreviewConfig>,
     /// The file this configuration was read from (none: defaults and environment). Not a key.
     #[serde(skip)]
     pub loaded_from: Option<PathBuf>,
@@ -288,6 +291,119 @@ pub struct EgressConfig {
     /// it only grants open anything. 0 = the base policy lasts as long as the sandbox.
     #[serde(default = "default_bootstrap_secs")]
     pub bootstrap_secs: u64,
+}
+
+/// Preview URLs (`[preview]`): a sandbox port published as
+/// `{scheme}://{port}-{sandbox_id}.{domain}[:public_port]/`, served by the node's proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewConfig {
+    /// The domain preview host names end with (a wildcard DNS record and certificate point
+    /// `*.{domain}` at the routers' ingress). Required.
+    pub domain: String,
+    /// Where the node's preview proxy listens (plain HTTP/1.1 and HTTP/2; TLS ends at the
+    /// ingress in front).
+    #[serde(default = "default_preview_listen")]
+    pub listen: String,
+    /// The scheme of the URLs ExposeSandboxPort returns (`https` behind a TLS ingress).
+    #[serde(default = "default_preview_scheme")]
+    pub scheme: String,
+    /// A port to put in the returned URLs (0: none, the scheme's own).
+    #[serde(default)]
+    pub public_port: u16,
+    /// A file with the secret (at least 32 bytes) signed URLs are signed with; the node and
+    /// its routers share it. Required.
+    pub signing_key_file: PathBuf,
+    /// A signed URL's life when ExposeSandboxPort gives no ttl_sec.
+    #[serde(default = "default_preview_ttl")]
+    pub default_ttl_secs: u32,
+    /// The longest life a signed URL may ask for (more is INVALID_ARGUMENT).
+    #[serde(default = "default_preview_max_ttl")]
+    pub max_ttl_secs: u32,
+    /// A client's request headers must arrive within this.
+    #[serde(default = "default_preview_header_timeout")]
+    pub header_timeout_secs: u32,
+    /// The app must send its response headers within this.
+    #[serde(default = "default_preview_response_timeout")]
+    pub response_timeout_secs: u32,
+    /// The largest request body the proxy passes on (413 beyond).
+    #[serde(default = "default_preview_max_body")]
+    pub max_request_body: ByteSize,
+    /// The most client connections at once.
+    #[serde(default = "default_preview_max_connections")]
+    pub max_connections: u32,
+}
+
+impl PreviewConfig {
+    /// What is wrong with it (`egress`: whether the node has `[egress]`).
+    fn check(&self, egress: bool) -> Result<(), String> {
+        if !egress {
+            return Err(
+                "preview URLs need [egress] (apps are reached at their sandbox's address)".into(),
+            );
+        }
+        let d = self.domain.trim_end_matches('.');
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        if d.split('.').count() < 2 || !d.split('.').all(label_ok) || d.len() > 200 {
+            return Err(format!(
+                "domain {:?} is not a domain name of two labels or more",
+                self.domain
+            ));
+        }
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(format!("listen {:?} is not an address:port", self.listen));
+        }
+        if !["http", "https"].contains(&self.scheme.as_str()) {
+            return Err(format!("scheme {:?} is not http or https", self.scheme));
+        }
+        if self.signing_key_file.as_os_str().is_empty() {
+            return Err("signing_key_file is required".into());
+        }
+        if self.default_ttl_secs == 0 || self.default_ttl_secs > self.max_ttl_secs {
+            return Err(format!(
+                "default_ttl_secs {} must be 1..=max_ttl_secs ({})",
+                self.default_ttl_secs, self.max_ttl_secs
+            ));
+        }
+        if self.header_timeout_secs == 0 || self.response_timeout_secs == 0 {
+            return Err("header_timeout_secs and response_timeout_secs must be above 0".into());
+        }
+        if self.max_connections == 0 {
+            return Err("max_connections must be above 0".into());
+        }
+        Ok(())
+    }
+}
+
+fn default_preview_listen() -> String {
+    "0.0.0.0:8088".into()
+}
+fn default_preview_scheme() -> String {
+    "https".into()
+}
+fn default_preview_ttl() -> u32 {
+    3600
+}
+fn default_preview_max_ttl() -> u32 {
+    86400
+}
+fn default_preview_header_timeout() -> u32 {
+    10
+}
+fn default_preview_response_timeout() -> u32 {
+    60
+}
+fn default_preview_max_body() -> ByteSize {
+    ByteSize::parse("64Mi").expect("a size")
+}
+fn default_preview_max_connections() -> u32 {
+    4096
 }
 
 fn default_runsc_network() -> String {
@@ -416,6 +532,7 @@ impl Default for Config {
             log_json: false,
             pool: vec![],
             egress: None,
+            preview: None,
             loaded_from: None,
         }
     }
@@ -472,6 +589,11 @@ impl Config {
     /// Checks ranges and formats.
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::Invalid(m));
+        if let Some(p) = &self.preview {
+            if let Err(m) = p.check(self.egress.is_some()) {
+                return bad(format!("[preview]: {m}"));
+            }
+        }
         if let Some(e) = &self.egress {
             if let Err(err) =
                 crate::egress::Layout::new(&e.table, &e.iface_prefix, &e.pool, &e.uplink, &e.never)

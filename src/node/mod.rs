@@ -32,6 +32,7 @@ mod meter_loop;
 mod network;
 pub mod platform;
 mod pool;
+pub mod preview;
 pub mod record;
 mod recover;
 pub mod runlog;
@@ -111,6 +112,8 @@ struct Inner {
     platform: platform::State,
     /// Sandbox networks (`[egress]`); None: sandboxes have none.
     net: Option<network::Net>,
+    /// Preview URLs (`[preview]`); None: ExposeSandboxPort is UNIMPLEMENTED.
+    preview: Option<preview::Preview>,
 }
 
 /// What ends one agent link.
@@ -164,6 +167,11 @@ impl Node {
             tracing::error!(error = %e, "sandbox networks off");
             None
         });
+        // `computed node` checks the key before it builds the node.
+        let preview = preview::Preview::new(&cfg).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "preview URLs off");
+            None
+        });
         Self {
             inner: Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
                 // A network worker may never take the id of a sandbox this node knows (live,
@@ -203,6 +211,7 @@ impl Node {
                     warming: Mutex::default(),
                     platform: platform::State::default(),
                     net,
+                    preview,
                 }
             }),
         }

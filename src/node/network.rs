@@ -118,6 +118,8 @@ pub(super) struct Binding {
     /// What is in the kernel now.
     applied: Vec<Element>,
     applied_named: Vec<Named>,
+    /// Its preview exposures (issue 21), as its labels record them.
+    pub(super) exposures: Vec<super::preview::Exposure>,
 }
 
 /// An address a name resolved to, open until `expires_ms`.
@@ -1165,9 +1167,32 @@ impl Node {
                 base,
                 base_until_ms: self.base_until_ms(sb),
                 grants,
+                exposures: super::preview::exposures_of_labels(labels),
                 ..Default::default()
             },
         );
+    }
+
+    /// A networked sandbox's address and its preview exposures (None: it has no network).
+    pub(super) fn preview_of(&self, id: &str) -> Option<(Ipv4Addr, Vec<super::preview::Exposure>)> {
+        let n = self.net()?;
+        let b = lock(&n.bindings);
+        let b = b.get(id)?;
+        Some((n.layout.addrs(b.slot).1, b.exposures.clone()))
+    }
+
+    /// Replaces a networked sandbox's exposures in its binding (its labels were written).
+    pub(super) fn set_exposures(&self, id: &str, exposures: Vec<super::preview::Exposure>) {
+        if let Some(n) = self.net() {
+            if let Some(b) = lock(&n.bindings).get_mut(id) {
+                b.exposures = exposures;
+            }
+        }
+    }
+
+    /// The sandbox's network or why not (as for egress grants).
+    pub(super) fn networked_sandbox(&self, id: &str) -> Result<Arc<Sandbox>> {
+        self.networked(id).map(|(sb, _)| sb)
     }
 
     /// Starts the node's networks (at start, after recovery): forwarding on, the whole table

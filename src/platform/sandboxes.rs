@@ -157,7 +157,11 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
             .as_ref()
             .map(|e| e.grants.iter().map(grant_pb).collect())
             .unwrap_or_default(),
-        exposures: Vec::new(),
+        exposures: node
+            .exposures(&sb.id)
+            .iter()
+            .map(|e| exposure_pb(e, node.preview_url(&sb.id, e.port)))
+            .collect(),
         // GetSandbox fills it (a reading of the meter).
         usage: None,
         idle_suspend_sec: spec.idle_suspend_sec,
@@ -960,6 +964,25 @@ impl Platform {
     }
 }
 
+/// An exposure on the wire (no token: only ExposeSandboxPort's answer carries one).
+pub fn exposure_pb(e: &node::preview::Exposure, url: String) -> pb::PortExposure {
+    let auth = match e.access {
+        node::preview::Access::SignedUrl => pb::ExposureAuth::SignedUrl,
+        node::preview::Access::ForwardAuth => pb::ExposureAuth::ForwardAuth,
+        node::preview::Access::Public => pb::ExposureAuth::Public,
+    };
+    pb::PortExposure {
+        port: e.port.into(),
+        url,
+        auth: auth as i32,
+        access_token: String::new(),
+        expires_at: None,
+        created_at: Some(timestamp(
+            SystemTime::UNIX_EPOCH + Duration::from_millis(e.created_at_ms),
+        )),
+    }
+}
+
 /// A grant as the API shows it.
 pub fn grant_pb(g: &node::Grant) -> pb::EgressGrant {
     let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
@@ -1060,6 +1083,95 @@ impl Platform {
                 let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
                 let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
                 let r = cl.revoke_egress(q).await.map(|r| r.into_inner());
+                self.write_status(&p, method, "", &id, r)
+                    .await
+                    .map(Response::new)
+            }
+        }
+    }
+
+    /// ExposeSandboxPort: a port of a networked sandbox on its preview URL (docs/preview.md);
+    /// audited with the port, access and TTL (never the token).
+    pub(super) async fn expose_port_here(
+        &self,
+        req: Request<pb::ExposeSandboxPortRequest>,
+        method: &str,
+    ) -> Result<Response<pb::PortExposure>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (p, sb) = self.find(node, &req, method, &id).await?;
+                let ns = namespace_of(&sb).to_string();
+                let r = req.get_ref();
+                let access = match pb::ExposureAuth::try_from(r.auth) {
+                    Ok(pb::ExposureAuth::Unspecified | pb::ExposureAuth::SignedUrl) => {
+                        Ok(node::preview::Access::SignedUrl)
+                    }
+                    Ok(pb::ExposureAuth::ForwardAuth) => Ok(node::preview::Access::ForwardAuth),
+                    Ok(pb::ExposureAuth::Public) => Ok(node::preview::Access::Public),
+                    Err(_) => Err(node::Error::InvalidArgument(format!(
+                        "auth {} is not an ExposureAuth",
+                        r.auth
+                    ))),
+                };
+                let (port, ttl) = (r.port, r.ttl_sec);
+                let exposed = async {
+                    read_only(&sb)?;
+                    node.expose_port(&sb.id, port, access?, ttl)
+                        .await
+                        .map_err(Error::from)
+                }
+                .await;
+                let out = self
+                    .write_noted(&p, method, &ns, &id, exposed, |e| {
+                        format!("port {port} {:?} ttl_sec {ttl}", e.exposure.access)
+                    })
+                    .await?;
+                let mut pe = exposure_pb(&out.exposure, out.url.clone());
+                if let Some((token, expires)) = out.token {
+                    pe.access_token = token;
+                    pe.expires_at = Some(timestamp(
+                        SystemTime::UNIX_EPOCH + Duration::from_secs(expires),
+                    ));
+                }
+                Ok(Response::new(pe))
+            }
+            Backend::Cluster(c) => {
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let r = cl.expose_sandbox_port(q).await.map(|r| r.into_inner());
+                self.write_status(&p, method, "", &id, r)
+                    .await
+                    .map(Response::new)
+            }
+        }
+    }
+
+    /// UnexposeSandboxPort: the port's exposure dropped (a port not exposed is a no-op).
+    pub(super) async fn unexpose_port_here(
+        &self,
+        req: Request<pb::UnexposeSandboxPortRequest>,
+        method: &str,
+    ) -> Result<Response<pb::UnexposeSandboxPortResponse>, Status> {
+        let id = req.get_ref().sandbox_id.clone();
+        match self.backend()? {
+            Backend::Node(node) => {
+                let (p, sb) = self.find(node, &req, method, &id).await?;
+                let ns = namespace_of(&sb).to_string();
+                let port = req.get_ref().port;
+                let done = async {
+                    read_only(&sb)?;
+                    node.unexpose_port(&sb.id, port).await.map_err(Error::from)
+                }
+                .await;
+                self.write_noted(&p, method, &ns, &id, done, |_| format!("port {port}"))
+                    .await?;
+                Ok(Response::new(pb::UnexposeSandboxPortResponse {}))
+            }
+            Backend::Cluster(c) => {
+                let (p, mut cl) = self.owner_client(c.as_ref(), &req, method, &id).await?;
+                let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
+                let r = cl.unexpose_sandbox_port(q).await.map(|r| r.into_inner());
                 self.write_status(&p, method, "", &id, r)
                     .await
                     .map(Response::new)

@@ -91,11 +91,7 @@ type Result<T> = std::result::Result<T, Error>;
 /// What the capability that an RPC waits for is called, by RPC name.
 fn later(method: &str) -> String {
     let name = method.rsplit('/').next().unwrap_or(method);
-    let what = match name {
-        "ExposeSandboxPort" | "UnexposeSandboxPort" => "preview URLs (issue 21)",
-        _ => "durable workspaces (issue 22)",
-    };
-    format!("{name} is not served yet: it comes with {what}")
+    format!("{name} is not served yet: it comes with durable workspaces (issue 22)")
 }
 
 /// The platform's services over one store.
@@ -1155,13 +1151,15 @@ impl pb::sandbox_service_server::SandboxService for Platform {
         &self,
         req: Request<pb::ExposeSandboxPortRequest>,
     ) -> std::result::Result<Response<pb::PortExposure>, Status> {
-        not_yet!(self, req, "SandboxService", "ExposeSandboxPort")
+        self.expose_port_here(req, method!("SandboxService", "ExposeSandboxPort"))
+            .await
     }
     async fn unexpose_sandbox_port(
         &self,
         req: Request<pb::UnexposeSandboxPortRequest>,
     ) -> std::result::Result<Response<pb::UnexposeSandboxPortResponse>, Status> {
-        not_yet!(self, req, "SandboxService", "UnexposeSandboxPort")
+        self.unexpose_port_here(req, method!("SandboxService", "UnexposeSandboxPort"))
+            .await
     }
     async fn sync_sandbox_workspace(
         &self,
@@ -1238,7 +1236,7 @@ mod tests {
                 assert!(l.contains("(issue 1") || l.contains("(issue 2"), "{m}: {l}");
             }
         }
-        assert!(later("/platform.v1.SandboxService/ExposeSandboxPort").contains("issue 21"));
+        assert!(later("/platform.v1.WorkspaceService/CreateWorkspace").contains("issue 22"));
     }
 
     #[test]

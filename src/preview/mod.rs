@@ -1,0 +1,17 @@
+//! Preview URLs (issue 21; design in docs/preview.md): a sandbox port published on a host name
+//! of its own, reached through a reverse proxy on the node and the router.
+//!
+//! Built so far: the host names ([`host`]), the signed tokens ([`token`]) and the proxy core
+//! ([`proxy`]); ExposeSandboxPort / UnexposeSandboxPort and the node's routes come next.
+
+pub mod host;
+pub mod proxy;
+pub mod token;
+
+/// What goes wrong in this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The `[preview]` configuration cannot work (a short or unreadable key, say).
+    #[error("preview: {0}")]
+    Config(String),
+}
