@@ -21,6 +21,10 @@
 //!   through a granted port and prints the time it breaks; from just before RevokeEgress is
 //!   sent until then. The baseline of both: `nft -f` of one element into a scratch table of
 //!   the plain namespace, the kernel's own cost of a rule change.
+//! * `preview_request`, `preview_throughput` (issue 21): the same node serves `[preview]`; a
+//!   `python3 -m http.server` in a sandbox is reached through its preview proxy and straight
+//!   at the sandbox's address, from the node's namespace: a small GET's latency in turns
+//!   (target p50 overhead <= 1 ms), and a download's speed (target ratio >= 0.7).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -336,6 +340,128 @@ struct Measured {
     grant_ms: Vec<f64>,
     revoke_ms: Vec<f64>,
     nft_ms: Vec<f64>,
+    preview_ms: Vec<f64>,
+    direct_ms: Vec<f64>,
+    preview_mbps: Vec<f64>,
+    direct_mbps: Vec<f64>,
+    /// Why the preview rows failed, if they did.
+    preview_error: Option<String>,
+}
+
+/// The preview client (python3 in the node's namespace): `n` GETs of `/index.html`, each on
+/// a new connection, alternating between the node's preview proxy (argv 1-3: address, port,
+/// Host) and the sandbox's own address (argv 4-5); one line per request, `p MS` or `d MS`.
+const PREVIEW_CLIENT: &str = r#"
+import http.client, sys, time
+px, pp, host, dx, dp, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+def get(addr, port, h):
+    t = time.perf_counter()
+    c = http.client.HTTPConnection(addr, port, timeout=10)
+    c.request('GET', '/index.html', headers={'Host': h})
+    r = c.getresponse(); body = r.read(); c.close()
+    if r.status != 200 or body != b'hello\n':
+        sys.exit(f'{addr}:{port}: {r.status} {body[:80]!r}')
+    return (time.perf_counter() - t) * 1000
+for i in range(n):
+    for side in (('p', 'd') if i % 2 == 0 else ('d', 'p')):
+        ms = get(px, pp, host) if side == 'p' else get(dx, dp, f'{dx}:{dp}')
+        print(side, ms)
+"#;
+
+/// Where the bench node's preview proxy listens, in its namespace.
+const PREVIEW_PORT: u16 = 18088;
+
+/// Preview URLs (issue 21): a `python3 -m http.server` in sandbox `id` reached through the
+/// node's preview proxy (a PUBLIC exposure) and straight at the sandbox's address, from the
+/// node's namespace: request latency in turns, and a download of `blob` bytes each way.
+async fn measure_preview(
+    with: &mut Sbx,
+    id: &str,
+    net: &Net,
+    quick: bool,
+    blob: usize,
+    m: &mut Measured,
+) -> Result<()> {
+    let mut app = start(
+        with,
+        id,
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "rm -f /tmp/up && mkdir -p /tmp/site && cd /tmp/site && echo hello > index.html && \
+                 head -c {blob} /dev/zero > big && python3 -m http.server 8000 >/dev/null 2>&1 & \
+                 until curl -s -o /dev/null http://127.0.0.1:8000/; do sleep 0.1; done; \
+                 echo serving; ip -4 -o addr show eth0; wait"
+            ),
+        ],
+    )
+    .await?;
+    if line(&mut app).await? != "serving" {
+        bail!("the preview app did not start");
+    }
+    let addr = line(&mut app)
+        .await?
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .map(str::to_string)
+        .context("the sandbox's address")?;
+    with.expose_sandbox_port(ppb::ExposeSandboxPortRequest {
+        sandbox_id: id.into(),
+        port: 8000,
+        auth: ppb::ExposureAuth::Public as i32,
+        ..Default::default()
+    })
+    .await?;
+    let host = format!("8000-{id}.preview.bench");
+    let n = if quick { 100 } else { 500 };
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.host, "python3", "-c", PREVIEW_CLIENT])
+        .args(["127.0.0.1", &PREVIEW_PORT.to_string(), &host, &addr, "8000"])
+        .arg(n.to_string())
+        .output()?;
+    if !out.status.success() {
+        bail!("preview client: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // The first few of each side warm up.
+    for (i, l) in String::from_utf8_lossy(&out.stdout).lines().enumerate() {
+        let Some((side, ms)) = l.split_once(' ') else {
+            continue;
+        };
+        if i < 10 {
+            continue;
+        }
+        let ms: f64 = ms.parse()?;
+        match side {
+            "p" => m.preview_ms.push(ms),
+            _ => m.direct_ms.push(ms),
+        }
+    }
+    let down = |url: &str, host: &str| {
+        format!(
+            "ip netns exec {} curl -s -o /dev/null -w %{{speed_download}} -H Host:{host} {url}",
+            net.host
+        )
+    };
+    let transfers = if quick { 3 } else { 5 };
+    for i in 0..=transfers {
+        let p = curl_speed(&run(&down(
+            &format!("http://127.0.0.1:{PREVIEW_PORT}/big"),
+            &host,
+        ))?)?;
+        let d = curl_speed(&run(&down(
+            &format!("http://{addr}:8000/big"),
+            &format!("{addr}:8000"),
+        ))?)?;
+        if i > 0 {
+            m.preview_mbps.push(p);
+            m.direct_mbps.push(d);
+        }
+    }
+    drop(app);
+    Ok(())
 }
 
 async fn measure(quick: bool, plain: &Ours, net: &Net, egress: &Ours) -> Result<Measured> {
@@ -434,6 +560,10 @@ async fn measure(quick: bool, plain: &Ours, net: &Net, egress: &Ours) -> Result<
         }
     }
     let _ = std::fs::remove_file(&shm);
+    // The preview rows fail alone: the rest of the group stands.
+    if let Err(e) = measure_preview(&mut with, &id, net, quick, blob, &mut m).await {
+        m.preview_error = Some(format!("{e:#}"));
+    }
     // Grant → effect, revoke → cut; the kernel's own rule change as the baseline.
     run(&format!(
         "ip netns exec {} nft add table inet bench",
@@ -547,12 +677,16 @@ pub async fn group(
 ) -> Vec<Scenario> {
     let r: Result<Measured> = async {
         let net = Net::new(if quick { 64 << 20 } else { 256 << 20 })?;
+        let key = std::env::temp_dir().join(format!("bench-preview-{}.key", std::process::id()));
+        std::fs::write(&key, "bench preview signing key, 32 bytes or more")?;
         let egress = egress.in_netns(
             &net.host,
             &format!("bench-egress-{}", std::process::id()),
             &format!(
                 "[egress]\nuplink = \"up0\"\niface_prefix = \"bn-\"\nrunsc_platform = {platform:?}\n\
-                 runsc_network = {network:?}\n"
+                 runsc_network = {network:?}\n\
+                 [preview]\ndomain = \"preview.bench\"\nlisten = \"127.0.0.1:{PREVIEW_PORT}\"\n\
+                 scheme = \"http\"\nsigning_key_file = {key:?}\n"
             ),
         )?;
         eprintln!(
@@ -566,12 +700,23 @@ pub async fn group(
         .await;
         egress.cleanup().await;
         drop(net);
+        let _ = std::fs::remove_file(&key);
         r
     }
     .await;
     let _ = std::fs::remove_dir_all(&dir);
     let split = |f: fn(&Measured) -> &Vec<f64>| -> Result<Vec<f64>> {
         match &r {
+            Ok(m) => Ok(f(m).clone()),
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        }
+    };
+    let preview = |f: fn(&Measured) -> &Vec<f64>| -> Result<Vec<f64>> {
+        match &r {
+            Ok(Measured {
+                preview_error: Some(e),
+                ..
+            }) => Err(anyhow::anyhow!("{e}")),
             Ok(m) => Ok(f(m).clone()),
             Err(e) => Err(anyhow::anyhow!("{e:#}")),
         }
@@ -642,6 +787,28 @@ pub async fn group(
             &split(|m| &m.nft_ms),
             "ours: from RevokeEgress sent until a conversation in the sandbox (an echo every ms \
              through the granted port) breaks; baseline: as egress_grant_to_effect",
+        ),
+        scenario(
+            "preview_request",
+            "ms",
+            Better::Lower,
+            &preview(|m| &m.preview_ms),
+            &preview(|m| &m.direct_ms),
+            "a GET of a small page from python3 -m http.server in a sandbox, each on a new \
+             connection from the node's namespace (python3 http.client), in turns: ours through \
+             the node's preview proxy (a PUBLIC exposure: Host routing, the exposure looked up, \
+             a new connection to the app); baseline: straight to the sandbox's address; target \
+             p50 overhead <= 1 ms",
+        ),
+        scenario(
+            "preview_throughput",
+            "MB/s",
+            Better::Higher,
+            &preview(|m| &m.preview_mbps),
+            &preview(|m| &m.direct_mbps),
+            "curl's speed_download of a blob from python3 -m http.server in a sandbox: ours \
+             through the node's preview proxy, baseline straight to the sandbox's address; \
+             target ratio >= 0.7",
         ),
     ]
 }

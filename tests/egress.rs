@@ -201,6 +201,15 @@ impl World {
     fn in_host(&self, cmd: &str) -> String {
         run(&format!("ip netns exec {} {cmd}", self.host))
     }
+
+    /// The output of shell `script` run in the host namespace (whatever its exit status).
+    fn in_host_sh(&self, script: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.host, "sh", "-c", script])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
 }
 
 fn msg(m: In) -> pb::ExecClientMessage {
@@ -874,11 +883,16 @@ async fn dns_names_resolve_only_when_allowed_and_host_and_sni_are_checked() {
     let (out, u) = sh_in(&ch, &id, "python3 -c \"import urllib.request as u; print(len(u.urlopen('http://a.test/blob', timeout=10).read()))\"").await;
     assert_eq!(out.trim(), (10 << 20).to_string());
     let after = w.world_bytes();
-    within_one_percent(
-        "download through the proxy",
-        u.network_ingress_bytes,
-        after.1 - before.1,
-        0,
+    // The proxy ends the sandbox's connection and opens its own to the world: two TCP
+    // connections, segmented apart (the sandbox's veth moves large offloaded segments, the
+    // world's interface may see one header per MSS), so the headers differ by up to ~4 % and
+    // only the payload is the same. Metered: at least the payload, at most what the world saw.
+    let (payload, world) = (10u64 << 20, after.1 - before.1);
+    let got = u.network_ingress_bytes;
+    assert!(
+        got >= payload && got <= world + world / 100 && world - got.min(world) <= payload / 25,
+        "download through the proxy: metered {got} bytes, payload {payload}, the world's \
+         interface saw {world}"
     );
 
     // A name grant: resolving opens it on its ports; a name whose address is never
@@ -1123,6 +1137,25 @@ async fn the_base_policy_ends_with_its_bootstrap_and_grants_go_on() {
 
 /// `curl` in the host namespace against a preview URL (its host name resolved to the node's
 /// proxy): "CODE BODY".
+/// The forward-auth endpoint of the preview test (Python, in the node's namespace, on port
+/// argv[1]): 204 for `user=alice` or `Bearer good`, else 302 to a login; one line per question.
+const AUTH_ENDPOINT: &str = r#"
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        c, a = self.headers.get('Cookie') or '', self.headers.get('Authorization') or ''
+        print(self.headers.get('X-Forwarded-Uri'), c, a, flush=True)
+        if self.path != '/check' or self.headers.get('X-Preview-Port') != '8000':
+            self.send_response(400); self.send_header('Content-Length', '0'); self.end_headers()
+        elif c == 'user=alice' or a == 'Bearer good':
+            self.send_response(204); self.end_headers()
+        else:
+            self.send_response(302); self.send_header('Location', 'https://login.test/')
+            self.send_header('Content-Length', '8'); self.end_headers(); self.wfile.write(b'sign in\n')
+    def log_message(self, *a): pass
+http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()
+"#;
+
 fn preview_curl(w: &World, url: &str, extra: &str) -> String {
     let host = url
         .split("://")
@@ -1131,12 +1164,12 @@ fn preview_curl(w: &World, url: &str, extra: &str) -> String {
         .unwrap()
         .to_string();
     let (name, port) = host.rsplit_once(':').unwrap();
-    w.in_host(&format!(
-        "curl -s -m 10 -w \n%{{http_code}} --resolve {name}:{port}:127.0.0.1 {extra} {url}"
+    w.in_host_sh(&format!(
+        "curl -s -m 10 -w '\n%{{http_code}}' --resolve {name}:{port}:127.0.0.1 {extra} '{url}'"
     ))
     .trim()
     .rsplit_once('\n')
-    .map(|(body, code)| format!("{code} {body}"))
+    .map(|(body, code)| format!("{code} {}", body.trim()))
     .unwrap_or_default()
 }
 
@@ -1162,29 +1195,57 @@ async fn expose(
 /// by curl with a signed URL (its cookie after the redirect), refused with no, a wrong, another
 /// port's or an expired token; public access; unexpose; the rejections; preview bytes metered.
 #[tokio::test(flavor = "multi_thread")]
-async fn preview_urls_reach_a_sandbox_app_through_the_nodes_proxy() {
+async fn preview_urls_reach_a_sandbox_app_by_curl_and_a_browser_through_node_and_router() {
     need!();
     let w = World::new("p", &[], 300);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("preview.key");
     std::fs::write(&key, "k".repeat(40)).unwrap();
+    // A forward-auth endpoint in the node's namespace: `user=alice` or `Bearer good` pass,
+    // anything else is sent to a login; each question is a line of its log.
+    let auth_log = dir.path().join("auth.log");
+    let mut auth = Killed(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &w.host,
+                "python3",
+                "-c",
+                AUTH_ENDPOINT,
+                "18089",
+            ])
+            .stdout(std::fs::File::create(&auth_log).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let d = w.node(
         "egress-preview",
         &format!(
-            "[preview]\ndomain = \"preview.test\"\nlisten = \"0.0.0.0:18088\"\nscheme = \"http\"\n\
-             public_port = 18088\nsigning_key_file = {key:?}\n"
+            "suspend_with_network = true\n\
+             [preview]\ndomain = \"preview.test\"\nlisten = \"0.0.0.0:18088\"\nscheme = \"http\"\n\
+             public_port = 18088\nsigning_key_file = {key:?}\n\
+             forward_auth_url = \"http://127.0.0.1:18089/check\"\n"
         ),
     );
     let ch = d.local_channel().await;
     environment(&ch, "team", "closed", None).await;
     let id = sandbox(&ch, "team", "closed", None).await;
-    // The app: a page and 1 MiB, served while this exec lives.
+    // The app (tests/preview/app.py): a page, 1 MiB, a page whose script talks WebSocket and
+    // the WebSocket echo, served while this exec lives.
     let mut app = open(
         &ch,
         &id,
-        "mkdir -p /tmp/site && cd /tmp/site && echo hello from the sandbox > index.html && \
-         head -c 1048576 /dev/zero > big && python3 -m http.server 8000 >/dev/null 2>&1 & \
-         until curl -s -o /dev/null http://127.0.0.1:8000/; do sleep 0.2; done; echo serving; wait",
+        &format!(
+            "mkdir -p /tmp/site && cd /tmp/site && echo hello from the sandbox > index.html && \
+             head -c 1048576 /dev/zero > big && cat > app.py <<'EOF_APP'\n{}\nEOF_APP\n\
+             cat > app.html <<'EOF_APP'\n{}\nEOF_APP\n\
+             python3 app.py /tmp/site 8000 >/dev/null 2>&1 & \
+             until curl -s -o /dev/null http://127.0.0.1:8000/; do sleep 0.2; done; echo serving; wait",
+            include_str!("preview/app.py"),
+            include_str!("preview/app.html")
+        ),
     )
     .await;
     assert_eq!(
@@ -1300,6 +1361,137 @@ async fn preview_urls_reach_a_sandbox_app_through_the_nodes_proxy() {
             .unwrap();
     }
     assert!(preview_curl(&w, &base, "").starts_with("404 "));
+
+    // Forward auth: the endpoint decides, per credentials, remembered for a while.
+    let fwd = expose(&ch, &id, 8000, pb::ExposureAuth::ForwardAuth, 0)
+        .await
+        .unwrap();
+    assert_eq!(fwd.url, base);
+    assert!(fwd.access_token.is_empty() && fwd.expires_at.is_none());
+    let asked = |who: &str| {
+        std::fs::read_to_string(&auth_log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(who))
+            .count()
+    };
+    let denied = w.in_host_sh(&format!(
+        "curl -s -m 10 -o /dev/null -w '%{{http_code}} %{{redirect_url}}' \
+         --resolve 8000-{id}.preview.test:18088:127.0.0.1 {base}"
+    ));
+    assert_eq!(denied.trim(), "302 https://login.test/", "to the login");
+    for _ in 0..3 {
+        assert_eq!(
+            preview_curl(&w, &base, "-b user=alice"),
+            "200 hello from the sandbox"
+        );
+    }
+    assert_eq!(asked("user=alice"), 1, "an allow is remembered");
+    assert_eq!(
+        preview_curl(&w, &base, "-H 'Authorization: Bearer good'"),
+        "200 hello from the sandbox"
+    );
+    assert!(preview_curl(&w, &base, "-H 'Authorization: Bearer bad'").starts_with("302 "));
+    // The endpoint gone: what it allowed stays allowed for its cache time, anything new is
+    // denied (fail closed).
+    auth.0.kill().unwrap();
+    auth.0.wait().unwrap();
+    assert_eq!(
+        preview_curl(&w, &base, "-b user=alice"),
+        "200 hello from the sandbox"
+    );
+    let out = preview_curl(&w, &base, "-b 'user=alice; again=1'");
+    assert!(out.starts_with("503 "), "fail closed: {out}");
+
+    // A browser, through a router: headless Chromium opens a signed URL at the router's
+    // preview listener, which goes to the node's, which goes to the app; the page's script
+    // opens a WebSocket to its own origin (the cookie the signed URL set opens it) and
+    // reports what the echo said.
+    let ws = expose(&ch, &id, 8000, pb::ExposureAuth::SignedUrl, 0)
+        .await
+        .unwrap();
+    let router_log = dir.path().join("router.log");
+    let router_dir = dir.path().join("router");
+    std::fs::create_dir_all(&router_dir).unwrap();
+    let router = Killed(
+        Command::new("ip")
+            .args(["netns", "exec", &w.host, env!("CARGO_BIN_EXE_computed")])
+            .args(["router", "--listen", "127.0.0.1:18090", "--nodes", &d.addr])
+            .args(["--metrics-listen", ""])
+            .arg("--platform-store")
+            .arg(router_dir.join("platform.redb"))
+            .arg("--socket")
+            .arg(router_dir.join("router.sock"))
+            .args([
+                "--preview-listen",
+                "127.0.0.1:18091",
+                "--preview-domain",
+                "preview.test",
+                "--node-preview-port",
+                "18088",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&router_log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let via_router = format!("http://8000-{id}.preview.test:18091/");
+    let jar = dir.path().join("router-jar");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = preview_curl(
+            &w,
+            &format!("{via_router}?preview_token={}", ws.access_token),
+            &format!("-L -c {} -b {}", jar.display(), jar.display()),
+        );
+        if out == "200 hello from the sandbox" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "through the router: {out}; its log:\n{}",
+            std::fs::read_to_string(&router_log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        preview_curl(&w, &via_router, "").starts_with("403 "),
+        "the node checks access behind the router too"
+    );
+    let other_host = "http://8000-0b5f6c1e-7d1a-4c6e-9a53-2f8f7b1d2c3a.preview.test:18091/";
+    assert!(preview_curl(&w, other_host, "").starts_with("404 "));
+    let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/preview-chromium.png");
+    let _ = std::fs::remove_file(&shot);
+    let browser = w.in_host_sh(&format!(
+        "timeout 90 chromium --headless=new --no-sandbox --disable-gpu --no-first-run \
+         --user-data-dir={} --host-resolver-rules='MAP *.preview.test 127.0.0.1' \
+         --window-size=900,300 --virtual-time-budget=8000 --screenshot={} \
+         '{via_router}app.html?preview_token={}' 2>&1 | tail -n 3",
+        dir.path().join("chromium").display(),
+        shot.display(),
+        ws.access_token
+    ));
+    let mut seen = String::new();
+    for _ in 0..50 {
+        seen = sh_in(&ch, &id, "cat /tmp/site/result 2>/dev/null || true")
+            .await
+            .0;
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        seen, "echo: hello over a WebSocket",
+        "what the browser's page saw; chromium said: {browser}"
+    );
+    assert!(
+        std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000),
+        "a screenshot at {}: {browser}",
+        shot.display()
+    );
+    drop(router);
+
     // A host name that is no preview.
     let nothing = w.in_host(
         "curl -s -m 5 -o /dev/null -w %{http_code} -H Host:example.com http://127.0.0.1:18088/",
@@ -1319,7 +1511,6 @@ async fn preview_urls_reach_a_sandbox_app_through_the_nodes_proxy() {
             86401,
             Code::InvalidArgument,
         ),
-        (8000, pb::ExposureAuth::ForwardAuth, 0, Code::Unimplemented),
     ] {
         let e = expose(&ch, &id, port, auth, ttl).await.unwrap_err();
         assert_eq!(e.code(), code, "port {port} {auth:?} ttl {ttl}: {e:?}");
@@ -1342,8 +1533,51 @@ async fn preview_urls_reach_a_sandbox_app_through_the_nodes_proxy() {
     d.spawn();
     let ch = d.local_channel().await;
     let sb = get(&ch, &id).await;
-    assert_eq!(sb.exposures.len(), 1);
-    assert_eq!(sb.exposures[0].port, 8001);
+    let ports: Vec<(u32, i32)> = sb.exposures.iter().map(|e| (e.port, e.auth)).collect();
+    assert_eq!(
+        ports,
+        [
+            (8000, pb::ExposureAuth::SignedUrl as i32),
+            (8001, pb::ExposureAuth::SignedUrl as i32)
+        ]
+    );
+
+    // Suspended: the URL answers a clear page (and when to try again) instead of an error.
+    let mut app = open(
+        &ch,
+        &id,
+        "cd /tmp/site && python3 app.py /tmp/site 8000 >/dev/null 2>&1 & \
+         until curl -s -o /dev/null http://127.0.0.1:8000/; do sleep 0.2; done; echo serving; wait",
+    )
+    .await;
+    assert_eq!(
+        s_next(&mut app).await.as_deref().map(str::trim),
+        Some("serving")
+    );
+    let cookie = format!("-b {}", jar.display());
+    assert_eq!(
+        preview_curl(&w, &base, &cookie),
+        "200 hello from the sandbox"
+    );
+    SandboxServiceClient::new(ch.clone())
+        .suspend_sandbox(pb::SuspendSandboxRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    let page = w.in_host(&format!(
+        "curl -s -m 10 -i -b {} --resolve 8000-{id}.preview.test:18088:127.0.0.1 {base}",
+        jar.display()
+    ));
+    assert!(page.starts_with("HTTP/1.1 503"), "{page}");
+    assert!(
+        page.to_ascii_lowercase().contains("retry-after: 5"),
+        "{page}"
+    );
+    assert!(page.contains("suspended"), "{page}");
+    // (Resume → the app again is not tested: this runsc (20240729) restores a sandbox without
+    // its network interface, so a networked sandbox comes back unreachable; docs/preview.md.)
+    drop(app);
     SandboxServiceClient::new(ch.clone())
         .delete_sandbox(pb::DeleteSandboxRequest {
             sandbox_id: id.clone(),

@@ -34,7 +34,7 @@ enum Cmd {
         output: PathBuf,
     },
     /// Run the stateless cluster router in the foreground.
-    Router(RouterArgs),
+    Router(Box<RouterArgs>),
     /// Install runsc on the host and register it with containerd (the DaemonSet's init step).
     Install(computed::install::InstallOpts),
     /// One garbage-collection pass over expired soft-deleted workspaces (for a CronJob).
@@ -122,6 +122,16 @@ struct RouterArgs {
     /// --tls-cert and --tls-key).
     #[arg(long, env = "COMPUTE_ROUTER_TLS_CLIENT_CA", value_parser = maybe_path)]
     tls_client_ca: Option<PathBuf>,
+    /// Where the router's preview proxy listens (plain HTTP/1.1 and HTTP/2 behind the TLS
+    /// ingress of `*.{--preview-domain}`); empty: no preview proxy.
+    #[arg(long, env = "COMPUTE_ROUTER_PREVIEW_LISTEN", default_value = "")]
+    preview_listen: String,
+    /// The preview domain, as the nodes' `[preview] domain`.
+    #[arg(long, env = "COMPUTE_ROUTER_PREVIEW_DOMAIN", default_value = "")]
+    preview_domain: String,
+    /// The nodes' preview listener port (their `[preview] listen`).
+    #[arg(long, env = "COMPUTE_ROUTER_NODE_PREVIEW_PORT", default_value_t = 8088)]
+    node_preview_port: u16,
 }
 
 /// A path flag that may be empty: an environment variable set to "" (e.g. by an overlay
@@ -268,7 +278,7 @@ fn main() -> ExitCode {
         match args.cmd {
             Cmd::Node => run_node(cfg).await,
             Cmd::Router(args) => match router {
-                Some(setup) => run_router(args, setup).await,
+                Some(setup) => run_router(*args, setup).await,
                 None => Ok(()), // loaded above for every router command
             },
             Cmd::Install(opts) => computed::install::run(&opts),
@@ -395,6 +405,31 @@ async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> 
     .with_sandboxes(computed::platform::sandboxes::Backend::Cluster(Arc::new(
         router.clone(),
     )));
+    let preview_stop = tokio_util::sync::CancellationToken::new();
+    if !args.preview_listen.is_empty() {
+        anyhow::ensure!(
+            !args.preview_domain.trim_end_matches('.').is_empty(),
+            "--preview-listen needs --preview-domain (the nodes' [preview] domain)"
+        );
+        let listener = tokio::net::TcpListener::bind(&args.preview_listen)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("bind the preview proxy on {}: {e}", args.preview_listen)
+            })?;
+        tracing::info!(addr = %args.preview_listen, domain = %args.preview_domain,
+                       node_port = args.node_preview_port, "serving preview URLs");
+        let routes = Arc::new(computed::router::preview::Routes::new(
+            router.clone(),
+            &args.preview_domain,
+            args.node_preview_port,
+        ));
+        router.tasks().spawn(computed::preview::proxy::serve(
+            listener,
+            routes,
+            computed::preview::proxy::Settings::default(),
+            preview_stop.clone(),
+        ));
+    }
     let tasks = router.tasks().clone();
     let at = service::Listeners {
         listen: args.listen.clone(),
@@ -402,6 +437,7 @@ async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> 
         socket: (!args.socket.as_os_str().is_empty()).then(|| args.socket.clone()),
     };
     service::serve(router, at, platform, shutdown_signal()).await?;
+    preview_stop.cancel();
     if let Some(t) = watch_task {
         t.abort();
     }

@@ -332,6 +332,23 @@ pub struct PreviewConfig {
     /// The most client connections at once.
     #[serde(default = "default_preview_max_connections")]
     pub max_connections: u32,
+    /// The endpoint FORWARD_AUTH previews ask, per request (`http://host:port/path`, a
+    /// cluster-internal service; TLS ends at it only through a sidecar). Without it,
+    /// FORWARD_AUTH is UNIMPLEMENTED on this node.
+    #[serde(default)]
+    pub forward_auth_url: String,
+    /// How long the auth endpoint may take; longer, or a failure, denies (fail closed).
+    #[serde(default = "default_forward_auth_timeout_ms")]
+    pub forward_auth_timeout_ms: u32,
+    /// How long an allow is remembered per (exposure, credentials).
+    #[serde(default = "default_forward_auth_allow_cache")]
+    pub forward_auth_allow_cache_secs: u32,
+    /// How long a deny is remembered per (exposure, credentials).
+    #[serde(default = "default_forward_auth_deny_cache")]
+    pub forward_auth_deny_cache_secs: u32,
+    /// The most remembered answers (the oldest go first beyond it).
+    #[serde(default = "default_forward_auth_cache_entries")]
+    pub forward_auth_cache_entries: u32,
 }
 
 impl PreviewConfig {
@@ -377,6 +394,13 @@ impl PreviewConfig {
         if self.max_connections == 0 {
             return Err("max_connections must be above 0".into());
         }
+        if !self.forward_auth_url.is_empty() {
+            crate::preview::forward_auth::endpoint(&self.forward_auth_url)
+                .map_err(|e| format!("forward_auth_url: {e}"))?;
+            if self.forward_auth_timeout_ms == 0 || self.forward_auth_timeout_ms > 60_000 {
+                return Err("forward_auth_timeout_ms must be 1..=60000".into());
+            }
+        }
         Ok(())
     }
 }
@@ -404,6 +428,18 @@ fn default_preview_max_body() -> ByteSize {
 }
 fn default_preview_max_connections() -> u32 {
     4096
+}
+fn default_forward_auth_timeout_ms() -> u32 {
+    2000
+}
+fn default_forward_auth_allow_cache() -> u32 {
+    30
+}
+fn default_forward_auth_deny_cache() -> u32 {
+    5
+}
+fn default_forward_auth_cache_entries() -> u32 {
+    10_000
 }
 
 fn default_runsc_network() -> String {

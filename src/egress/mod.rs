@@ -647,7 +647,9 @@ fn parse_net_dev(text: &str) -> std::collections::HashMap<String, DevCounters> {
 ///
 /// `/proc/self/net/dev`, not `/sys/class/net`: sysfs shows the namespace of whoever mounted
 /// it, while the daemon may run in another one (tests run it in a namespace of their own).
-fn net_dev() -> std::sync::Arc<std::collections::HashMap<String, DevCounters>> {
+///
+/// `fresh`: read now whatever the cache holds (a usage receipt, a Get, the final reading).
+fn net_dev(fresh: bool) -> std::sync::Arc<std::collections::HashMap<String, DevCounters>> {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
     type Cached = Option<(Instant, Arc<std::collections::HashMap<String, DevCounters>>)>;
@@ -655,7 +657,7 @@ fn net_dev() -> std::sync::Arc<std::collections::HashMap<String, DevCounters>> {
     const FRESH: Duration = Duration::from_millis(5);
     let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((at, v)) = c.as_ref() {
-        if at.elapsed() < FRESH {
+        if !fresh && at.elapsed() < FRESH {
             return v.clone();
         }
     }
@@ -681,7 +683,16 @@ pub fn iface_names() -> Vec<String> {
 /// IP-layer bytes a veth moved in each direction: (received, sent) by `iface`, each frame's
 /// 14-byte Ethernet header taken off.
 pub fn veth_bytes(iface: &str) -> Option<(u64, u64)> {
-    let c = *net_dev().get(iface)?;
+    veth_counters(iface, false)
+}
+
+/// Like [`veth_bytes`], read now rather than from a reading a few milliseconds old.
+pub fn veth_bytes_now(iface: &str) -> Option<(u64, u64)> {
+    veth_counters(iface, true)
+}
+
+fn veth_counters(iface: &str, fresh: bool) -> Option<(u64, u64)> {
+    let c = *net_dev(fresh).get(iface)?;
     let rx = c.rx_bytes.saturating_sub(14 * c.rx_packets);
     let tx = c.tx_bytes.saturating_sub(14 * c.tx_packets);
     Some((rx, tx))

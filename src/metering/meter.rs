@@ -130,7 +130,7 @@ impl Meter {
     /// Network usage goes on from what was counted so far over a new veth (made again
     /// after a crash: its counters start from zero).
     pub fn rebase_net(&self) {
-        let now = self.read_net();
+        let now = self.read_net(true);
         let mut st = self.lock();
         let p = &mut st.persisted;
         let (o, i) = now.unwrap_or((0, 0));
@@ -141,8 +141,15 @@ impl Meter {
         }
     }
 
-    fn read_net(&self) -> Option<(u64, u64)> {
-        crate::egress::veth_bytes(self.net.as_deref()?)
+    /// The veth's bytes: `fresh`, read now; else a reading at most a few ms old (the periodic
+    /// tick reads every sandbox's veth and shares one read of `/proc/net/dev`).
+    fn read_net(&self, fresh: bool) -> Option<(u64, u64)> {
+        let iface = self.net.as_deref()?;
+        if fresh {
+            crate::egress::veth_bytes_now(iface)
+        } else {
+            crate::egress::veth_bytes(iface)
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -155,7 +162,8 @@ impl Meter {
             .clone()
     }
 
-    fn read_raw(&self) -> Option<Raw> {
+    /// The counters now (the network's as [`Self::read_net`] reads them with `fresh`).
+    fn read_raw_with(&self, fresh: bool) -> Option<Raw> {
         let cpu_ns = self.cg.cpu_ns().ok()?;
         let ws = self.cg.working_set().ok()?;
         let (read, write) = self.disk_source().read().unwrap_or((0, 0));
@@ -164,14 +172,20 @@ impl Meter {
             ws,
             read,
             write,
-            net: self.read_net(),
+            net: self.read_net(fresh),
         })
+    }
+
+    /// The counters now, every one read fresh: what a usage receipt, a Get or the final
+    /// reading at destroy reports must include the bytes of the last milliseconds.
+    fn read_raw(&self) -> Option<Raw> {
+        self.read_raw_with(true)
     }
 
     /// Reads the counters and accounts the deltas since the last tick. Returns the current
     /// working set (None when the cgroup is gone).
     pub fn tick(&self) -> Option<u64> {
-        let raw = self.read_raw()?;
+        let raw = self.read_raw_with(false)?;
         let mut st = self.lock();
         self.account(&mut st, raw);
         Some(raw.ws)

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
@@ -15,6 +15,7 @@ use tracing::{debug, info};
 use super::sandbox::Status;
 use super::{record, Error, Node, Result};
 use crate::config::PreviewConfig;
+use crate::preview::forward_auth::{self, ForwardAuth};
 use crate::preview::proxy::{self, Route};
 use crate::preview::token::Signer;
 use crate::preview::{self as pv, host};
@@ -62,6 +63,8 @@ pub struct Exposed {
 pub(super) struct Preview {
     cfg: PreviewConfig,
     signer: Signer,
+    /// FORWARD_AUTH's endpoint (`forward_auth_url`), if configured.
+    auth: Option<ForwardAuth>,
 }
 
 impl Preview {
@@ -70,9 +73,22 @@ impl Preview {
         let Some(p) = &cfg.preview else {
             return Ok(None);
         };
+        let auth = (!p.forward_auth_url.is_empty())
+            .then(|| {
+                ForwardAuth::new(forward_auth::Settings {
+                    url: p.forward_auth_url.clone(),
+                    timeout: Duration::from_millis(p.forward_auth_timeout_ms.into()),
+                    allow_for: Duration::from_secs(p.forward_auth_allow_cache_secs.into()),
+                    deny_for: Duration::from_secs(p.forward_auth_deny_cache_secs.into()),
+                    max_entries: p.forward_auth_cache_entries as usize,
+                })
+                .map_err(|e| pv::Error::Config(format!("forward_auth_url: {e}")))
+            })
+            .transpose()?;
         Ok(Some(Self {
             signer: Signer::from_file(&p.signing_key_file)?,
             cfg: p.clone(),
+            auth,
         }))
     }
 
@@ -152,9 +168,9 @@ impl Node {
                 p.cfg.max_ttl_secs, p.cfg.default_ttl_secs
             )));
         }
-        if access == Access::ForwardAuth {
+        if access == Access::ForwardAuth && p.auth.is_none() {
             return Err(Error::Unimplemented(
-                "FORWARD_AUTH previews are not served yet (docs/preview.md)".into(),
+                "FORWARD_AUTH needs [preview] forward_auth_url on this node".into(),
             ));
         }
         let port = port as u16;
@@ -238,7 +254,7 @@ impl Node {
 
     /// Where the proxy sends a request (see docs/preview.md, "Access"): the credentials
     /// first, then the sandbox's state.
-    pub fn preview_route(&self, head: &http::request::Parts) -> Route {
+    pub async fn preview_route(&self, head: &http::request::Parts) -> Route {
         let not_found = || {
             Route::Respond(proxy::page(
                 StatusCode::NOT_FOUND,
@@ -277,7 +293,22 @@ impl Node {
         };
         match exposure.map(|e| e.access) {
             Some(Access::Public) => {}
-            Some(Access::ForwardAuth) => return forbidden(),
+            Some(Access::ForwardAuth) => {
+                let Some(auth) = p.auth.as_ref() else {
+                    return forbidden();
+                };
+                let proto = if p.cfg.scheme == "https" {
+                    "https"
+                } else {
+                    "http"
+                };
+                let verdict = auth
+                    .check(head, &target.sandbox_id, target.port, proto)
+                    .await;
+                if let Some(r) = verdict.response() {
+                    return Route::Respond(r);
+                }
+            }
             // Signed, or no longer exposed: a signed URL's token works until it expires.
             Some(Access::SignedUrl) | None => {
                 if let Some(t) = query_token(head.uri.query()) {
@@ -388,7 +419,7 @@ pub struct Routes(pub Node);
 #[async_trait::async_trait]
 impl proxy::Routes for Routes {
     async fn route(&self, head: &http::request::Parts) -> Route {
-        self.0.preview_route(head)
+        self.0.preview_route(head).await
     }
 }
 

@@ -1,9 +1,11 @@
 //! Preview URLs (issue 21; design in docs/preview.md): a sandbox port published on a host name
 //! of its own, reached through a reverse proxy on the node and the router.
 //!
-//! Built so far: the host names ([`host`]), the signed tokens ([`token`]) and the proxy core
-//! ([`proxy`]); ExposeSandboxPort / UnexposeSandboxPort and the node's routes come next.
+//! Here: the host names ([`host`]), the signed tokens ([`token`]), forward auth
+//! ([`forward_auth`]) and the proxy core ([`proxy`]). ExposeSandboxPort / UnexposeSandboxPort
+//! and the node's routes are in `node::preview`, the router's in `router::preview`.
 
+pub mod forward_auth;
 pub mod host;
 pub mod proxy;
 pub mod token;

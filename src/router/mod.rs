@@ -16,8 +16,11 @@
 //! * **TLS**: with `--node-tls-ca` every node is dialed with TLS (`https`), with a client
 //!   certificate too for mutual TLS, and never in plaintext ([`tls`]); the relay services use
 //!   the same channels. The router's own listener can serve TLS as the node's does.
+//! * **Previews**: with `--preview-listen`, preview URLs are proxied to the owning node's
+//!   preview listener by their host name ([`preview`]).
 
 pub mod discovery;
+pub mod preview;
 pub mod service;
 pub mod tls;
 

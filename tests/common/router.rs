@@ -25,6 +25,9 @@ pub const ROUTER_ENV: &[&str] = &[
     "COMPUTE_ROUTER_TLS_CLIENT_CA",
     "COMPUTE_ROUTER_PLATFORM_STORE",
     "COMPUTE_ROUTER_SOCKET",
+    "COMPUTE_ROUTER_PREVIEW_LISTEN",
+    "COMPUTE_ROUTER_PREVIEW_DOMAIN",
+    "COMPUTE_ROUTER_NODE_PREVIEW_PORT",
 ];
 
 /// `router --listen LISTEN --nodes NODES --metrics-listen "" --platform-store DB --socket SOCK`:
