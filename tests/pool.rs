@@ -160,7 +160,16 @@ async fn claim_gives_a_fresh_sandbox_with_its_own_limits_and_the_pool_refills() 
         "a pool member belongs to nobody",
     );
     assert_eq!(labels(&d, &member)["compute.paper-board.io/pool"], "true");
-    let info = node_info(&d).await;
+    // A member is READY a moment before its agent attaches, and only then warm (what
+    // NodeInfo counts): give the second one that moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let info = loop {
+        let info = node_info(&d).await;
+        if info.pool_sandboxes == 2 || Instant::now() > deadline {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(info.pool_sandboxes, 2);
     assert_eq!(info.live_sandboxes, 2, "pool members count toward capacity");
 
