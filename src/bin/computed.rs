@@ -344,6 +344,28 @@ async fn embedded_platform(path: PathBuf) -> anyhow::Result<computed::platform::
         .map_err(|e| anyhow::anyhow!("platform store {}: {e}", path.display()))
 }
 
+/// Binds the preview proxy on `listen` (a port taken is an error at start) and serves it with
+/// `routes` among `tasks` until `stop`: the node's and the router's, which differ by routes.
+async fn serve_preview(
+    listen: &str,
+    routes: Arc<dyn computed::preview::proxy::Routes>,
+    settings: computed::preview::proxy::Settings,
+    tasks: &computed::tasks::Tasks,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("bind the preview proxy on {listen}: {e}"))?;
+    tracing::info!(addr = %listen, "serving preview URLs");
+    tasks.spawn(computed::preview::proxy::serve(
+        listener,
+        routes,
+        settings,
+        stop.clone(),
+    ));
+    Ok(())
+}
+
 async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> {
     use computed::router::{discovery, service, tls, Router, Settings};
     match &setup.node_tls {
@@ -411,24 +433,21 @@ async fn run_router(args: RouterArgs, setup: RouterSetup) -> anyhow::Result<()> 
             !args.preview_domain.trim_end_matches('.').is_empty(),
             "--preview-listen needs --preview-domain (the nodes' [preview] domain)"
         );
-        let listener = tokio::net::TcpListener::bind(&args.preview_listen)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!("bind the preview proxy on {}: {e}", args.preview_listen)
-            })?;
-        tracing::info!(addr = %args.preview_listen, domain = %args.preview_domain,
-                       node_port = args.node_preview_port, "serving preview URLs");
+        tracing::info!(domain = %args.preview_domain, node_port = args.node_preview_port,
+                       "preview URLs routed to the owning nodes");
         let routes = Arc::new(computed::router::preview::Routes::new(
             router.clone(),
             &args.preview_domain,
             args.node_preview_port,
         ));
-        router.tasks().spawn(computed::preview::proxy::serve(
-            listener,
+        serve_preview(
+            &args.preview_listen,
             routes,
             computed::preview::proxy::Settings::default(),
-            preview_stop.clone(),
-        ));
+            router.tasks(),
+            &preview_stop,
+        )
+        .await?;
     }
     let tasks = router.tasks().clone();
     let at = service::Listeners {
@@ -498,17 +517,8 @@ async fn run_node(cfg: Config) -> anyhow::Result<()> {
     }
     let preview_stop = tokio_util::sync::CancellationToken::new();
     if let Some((listen, settings)) = node.preview_proxy_settings() {
-        let listener = tokio::net::TcpListener::bind(&listen)
-            .await
-            .map_err(|e| anyhow::anyhow!("bind the preview proxy on {listen}: {e}"))?;
-        tracing::info!(addr = %listen, "serving preview URLs");
         let routes = Arc::new(computed::node::preview::Routes(node.clone()));
-        node.tasks().spawn(computed::preview::proxy::serve(
-            listener,
-            routes,
-            settings,
-            preview_stop.clone(),
-        ));
+        serve_preview(&listen, routes, settings, node.tasks(), &preview_stop).await?;
     }
     computed::server::serve(node.clone(), shutdown_signal()).await?;
     preview_stop.cancel();

@@ -360,13 +360,7 @@ impl PreviewConfig {
             );
         }
         let d = self.domain.trim_end_matches('.');
-        let label_ok = |l: &str| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        };
+        let label_ok = crate::platform::records::dns_label;
         if d.split('.').count() < 2 || !d.split('.').all(label_ok) || d.len() > 200 {
             return Err(format!(
                 "domain {:?} is not a domain name of two labels or more",

@@ -264,12 +264,7 @@ impl Node {
         let Some(p) = self.inner.preview.as_ref() else {
             return not_found();
         };
-        let host = head
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| head.uri.authority().map(|a| a.as_str()));
-        let Some(target) = host.and_then(|h| host::parse(h, &p.cfg.domain)) else {
+        let Some(target) = host::of_request(head, &p.cfg.domain) else {
             return not_found();
         };
         let Some((addr, exposures)) = self.preview_of(&target.sandbox_id) else {

@@ -244,6 +244,15 @@ impl EgressPolicy {
     }
 }
 
+/// One label of a DNS name: 1-63 letters, digits and hyphens, no hyphen at either end.
+pub fn dns_label(l: &str) -> bool {
+    !l.is_empty()
+        && l.len() <= 63
+        && !l.starts_with('-')
+        && !l.ends_with('-')
+        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
 /// A CIDR, or a DNS name with an optional leading `*.`.
 fn check_destination(d: &str) -> Result<(), Invalid> {
     if let Some((ip, bits)) = d.split_once('/') {
@@ -262,14 +271,7 @@ fn check_destination(d: &str) -> Result<(), Invalid> {
         return Ok(());
     }
     let name = d.strip_prefix("*.").unwrap_or(d);
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    };
-    if name.len() <= 253 && name.contains('.') && name.split('.').all(label_ok) {
+    if name.len() <= 253 && name.contains('.') && name.split('.').all(dns_label) {
         Ok(())
     } else {
         invalid(format!(

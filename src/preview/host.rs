@@ -54,6 +54,16 @@ pub fn parse(host: &str, domain: &str) -> Option<Target> {
     })
 }
 
+/// The target of a request's `Host` header (or, for HTTP/2, its `:authority`) under `domain`.
+pub fn of_request(head: &http::request::Parts, domain: &str) -> Option<Target> {
+    let host = head
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| head.uri.authority().map(|a| a.as_str()))?;
+    parse(host, domain)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

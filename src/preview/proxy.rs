@@ -215,12 +215,7 @@ async fn handle(
                 debug!(%addr, error = %e, "preview: the app refused");
                 return page(StatusCode::BAD_GATEWAY, "Nothing answers on this port.");
             }
-            Err(_) => {
-                return page(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "The app did not answer in time.",
-                )
-            }
+            Err(_) => return too_slow(),
         };
     let _ = stream.set_nodelay(true);
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
@@ -243,12 +238,7 @@ async fn handle(
             debug!(%addr, error = %e, "preview: the app's response failed");
             return page(StatusCode::BAD_GATEWAY, "The app's response failed.");
         }
-        Err(_) => {
-            return page(
-                StatusCode::GATEWAY_TIMEOUT,
-                "The app did not answer in time.",
-            )
-        }
+        Err(_) => return too_slow(),
     };
 
     let (mut rhead, rbody) = resp.into_parts();
@@ -282,6 +272,14 @@ async fn handle(
         rhead.headers.append(header::SET_COOKIE, c);
     }
     Response::from_parts(rhead, rbody.map_err(BoxError::from).boxed())
+}
+
+/// 504: the app did not connect or answer within its time.
+fn too_slow() -> Response<Body> {
+    page(
+        StatusCode::GATEWAY_TIMEOUT,
+        "The app did not answer in time.",
+    )
 }
 
 /// A short HTML page of the proxy's own.

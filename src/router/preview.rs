@@ -6,7 +6,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header;
 use http::StatusCode;
 use tracing::debug;
 
@@ -61,12 +60,7 @@ impl proxy::Routes for Routes {
                 "There is no preview at this address.",
             ))
         };
-        let host = head
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| head.uri.authority().map(|a| a.as_str()));
-        let Some(target) = host.and_then(|h| host::parse(h, &self.domain)) else {
+        let Some(target) = host::of_request(head, &self.domain) else {
             return not_found();
         };
         let node = match self.router.owner(&target.sandbox_id).await {
