@@ -17,6 +17,7 @@ mod scenarios;
 mod stats;
 mod suspend;
 mod target;
+mod workspaces;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -68,6 +69,10 @@ struct Args {
     /// Storage class of ours' workspaces; empty = the daemon's default (`standard`, ext4-loop).
     #[arg(long, default_value = "")]
     storage_class: String,
+    /// Ours' workspace store (`workspace_store_dir`); empty: `<state_dir>/store`. On XFS or
+    /// btrfs the workspaces group measures reflinked snapshots.
+    #[arg(long)]
+    workspace_store: Option<PathBuf>,
     /// Scenario groups to run: cold (create_to_first_output_*, destroy), ready (exec_rtt_true,
     /// write_read_16mib), workloads (what agents run: a Python tool call, a shell pipeline,
     /// the data stack's import, a burst of 50 execs), platform (the API key gate's added cost;
@@ -76,7 +81,7 @@ struct Args {
     /// output (stdout throughput, memory with stalled clients), throughput, density,
     /// suspend (suspend and resume with memory: latency, disk, sessions per node),
     /// egress (sandbox networks: create with a network, TCP throughput, grant and revoke
-    /// latency).
+    /// latency), workspaces (a durable workspace's snapshot: time and disk).
     #[arg(
         long,
         value_delimiter = ',',
@@ -169,7 +174,7 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The scenario groups of `--only`.
-const GROUPS: [&str; 9] = [
+const GROUPS: [&str; 10] = [
     "cold",
     "ready",
     "workloads",
@@ -179,6 +184,7 @@ const GROUPS: [&str; 9] = [
     "density",
     "suspend",
     "egress",
+    "workspaces",
 ];
 
 async fn bench(args: Args) -> Result<u8> {
@@ -242,7 +248,8 @@ async fn bench(args: Args) -> Result<u8> {
                 &args.platform,
                 tmp.join("ours"),
                 &args.storage_class,
-            )?,
+            )?
+            .with_store(args.workspace_store.as_deref())?,
             Base::new(
                 &image_tar,
                 &args.containerd,
@@ -952,6 +959,63 @@ async fn run(
         for s in suspend::group(args.quick, plan, ours, base, errs, cold_ours).await {
             push(s);
         }
+    }
+
+    if args.runs("workspaces") {
+        let (rounds, fill) = if args.quick { (2, 256) } else { (5, 896) };
+        eprintln!(
+            "compute-bench: workspace snapshots (1Gi workspace, {fill} MiB written, {rounds} x \
+             10 MiB changed + snapshot)"
+        );
+        let r = match &o_err {
+            Some(e) => Err(anyhow::anyhow!("did not start: {e}")),
+            None => workspaces::run(ours, rounds, fill).await,
+        };
+        if let Err(e) = &r {
+            eprintln!("compute-bench: workspace snapshots: {e:#}");
+        }
+        let how = r.as_ref().map(|m| m.method.clone()).unwrap_or_default();
+        let filled = r.as_ref().map(|m| m.filled_mib).unwrap_or(0);
+        push(Scenario {
+            name: "workspace_snapshot",
+            unit: "ms",
+            better: Better::Lower,
+            ours: side_of(&r, |m| {
+                Side::measured(Dist::of(&m.snapshot_ms, Better::Lower))
+                    .with("method", m.method.clone())
+            }),
+            baseline: side_of(&r, |m| Side::measured(Dist::of(&m.copy_ms, Better::Lower))),
+            notes: vec![format!(
+                "a 1Gi ext4-loop durable workspace with {filled} MiB written, attached to a \
+                 running sandbox; each round rewrites 10 MiB, then ours: SnapshotWorkspace \
+                 (fsfreeze, {how} of the image, thaw, record); baseline: cp --reflink=auto \
+                 --sparse=always of the same image file, nothing frozen, no API"
+            )],
+        });
+        push(Scenario {
+            name: "workspace_snapshot_disk",
+            unit: "bytes",
+            better: Better::Lower,
+            ours: side_of(&r, |m| {
+                let mut s = Side::measured(Dist::of(&m.snapshot_disk, Better::Lower));
+                if let Some(d) = Dist::of(&m.round_disk, Better::Lower) {
+                    s = s.with("round_disk_p50_bytes", d.p50);
+                }
+                s
+            }),
+            baseline: side_of(&r, |m| {
+                Side::measured(Dist::of(&m.copy_disk, Better::Lower))
+            }),
+            notes: vec![format!(
+                "disk each snapshot of workspace_snapshot took ({how}; free space of the \
+                 store's file system before and after): a copy costs the workspace's used \
+                 blocks (a store without reflinks, as this machine's ext4), a reflink what \
+                 changed since (10 MiB; XFS or btrfs), which shows in \
+                 ours_round_disk_p50_bytes (free space \
+                 before the 10 MiB change and after the snapshot: the blocks the earlier \
+                 snapshot shares are copied on write)"
+            )],
+        });
     }
 
     if args.runs("egress") {

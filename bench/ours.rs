@@ -32,6 +32,8 @@ pub struct Ours {
     addr: String,
     namespace: String,
     storage_class: String,
+    /// Where its durable workspaces live.
+    store: PathBuf,
     child: Mutex<Option<tokio::process::Child>>,
     pid: AtomicU32,
     client: Mutex<Option<Client>>,
@@ -76,6 +78,7 @@ impl Ours {
             dir.join("peer-secret"),
             format!("{}\n", uuid::Uuid::new_v4().simple()),
         )?;
+        let store = dir.join("state/store");
         Ok(Ours {
             computed: computed.to_path_buf(),
             image_tar: image_tar.to_path_buf(),
@@ -87,6 +90,7 @@ impl Ours {
             addr,
             namespace,
             storage_class: storage_class.to_string(),
+            store,
             child: Mutex::new(None),
             pid: AtomicU32::new(0),
             client: Mutex::new(None),
@@ -109,6 +113,23 @@ impl Ours {
         self.namespace = namespace.to_string();
         self.netns = Some(netns.to_string());
         Ok(self)
+    }
+
+    /// The same daemon with its workspace store at `store` (None: keeps `<state_dir>/store`).
+    pub fn with_store(mut self, store: Option<&Path>) -> Result<Ours> {
+        let Some(store) = store else {
+            return Ok(self);
+        };
+        self.base_toml += &format!("workspace_store_dir = {store:?}\n");
+        std::fs::write(&self.config, &self.base_toml)
+            .with_context(|| format!("write {}", self.config.display()))?;
+        self.store = store.to_path_buf();
+        Ok(self)
+    }
+
+    /// Where its durable workspaces live.
+    pub fn store(&self) -> &Path {
+        &self.store
     }
 
     /// The added cost of the platform API's gate: `rounds` pairs, taken in turns on one TCP

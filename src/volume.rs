@@ -69,16 +69,22 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
-/// How many ext4-loop volumes under `<state_dir>/workspaces` are mounted (each holds a loop
-/// device).
-pub fn loop_volumes(state_dir: &Path) -> usize {
+/// How many ext4-loop volumes under `<dir>/workspaces` of any of `dirs` (the state directory,
+/// the workspace store) are mounted (each holds a loop device).
+pub fn loop_volumes(dirs: &[PathBuf]) -> usize {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return 0;
     };
-    let prefix = format!("{}/", state_dir.join("workspaces").display());
+    let prefixes: Vec<String> = dirs
+        .iter()
+        .map(|d| format!("{}/", d.join("workspaces").display()))
+        .collect();
     info.lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| unescape_mountinfo(mp).starts_with(&prefix))
+        .filter(|mp| {
+            let mp = unescape_mountinfo(mp);
+            prefixes.iter().any(|p| mp.starts_with(p))
+        })
         .count()
 }
 
@@ -302,7 +308,7 @@ mod tests {
     fn free_bytes_and_loop_volumes_read_the_host() {
         let dir = tempfile::tempdir().unwrap();
         assert!(free_bytes(dir.path()).unwrap() > 0);
-        assert_eq!(loop_volumes(dir.path()), 0);
+        assert_eq!(loop_volumes(&[dir.path().to_path_buf()]), 0);
     }
 
     #[test]

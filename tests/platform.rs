@@ -308,6 +308,8 @@ async fn call(ch: &Channel, method: &str, token: Option<&str>, ns: &str) -> Code
             w.create_workspace(with(
                 pb::CreateWorkspaceRequest {
                     namespace: ns,
+                    // Past the gate, refused: the table makes no workspace.
+                    size: "lots".into(),
                     ..Default::default()
                 },
                 t,
@@ -325,6 +327,33 @@ async fn call(ch: &Channel, method: &str, token: Option<&str>, ns: &str) -> Code
         "DeleteWorkspace" => code(
             w.delete_workspace(with(pb::DeleteWorkspaceRequest { workspace_id: id }, t))
                 .await,
+        ),
+        "SnapshotWorkspace" => code(
+            w.snapshot_workspace(with(
+                pb::SnapshotWorkspaceRequest {
+                    workspace_id: id,
+                    ..Default::default()
+                },
+                t,
+            ))
+            .await,
+        ),
+        "ListWorkspaceSnapshots" => code(
+            w.list_workspace_snapshots(with(
+                pb::ListWorkspaceSnapshotsRequest {
+                    namespace: ns,
+                    ..Default::default()
+                },
+                t,
+            ))
+            .await,
+        ),
+        "DeleteWorkspaceSnapshot" => code(
+            w.delete_workspace_snapshot(with(
+                pb::DeleteWorkspaceSnapshotRequest { snapshot_id: id },
+                t,
+            ))
+            .await,
         ),
         other => panic!("the table does not know {other}: add it"),
     }
@@ -361,8 +390,8 @@ async fn key(
     (r.key.unwrap().key_id, r.secret)
 }
 
-/// Sandbox- or workspace-id-addressed RPCs: they authenticate, then look the (unknown) id up
-/// (NOT_FOUND) or, until their issues (18-22), answer UNIMPLEMENTED.
+/// Sandbox-, workspace- or snapshot-id-addressed RPCs: they authenticate, then look the
+/// (unknown) id up: NOT_FOUND.
 const ID_ADDRESSED: &[&str] = &[
     "DeleteSandbox",
     "GetSandbox",
@@ -379,24 +408,8 @@ const ID_ADDRESSED: &[&str] = &[
     "SyncSandboxWorkspace",
     "GetWorkspace",
     "DeleteWorkspace",
-];
-
-/// The sandbox RPCs served since issues 17-21 (the rest answer UNIMPLEMENTED past the gate).
-const SERVED: &[&str] = &[
-    "CreateSandbox",
-    "GrantEgress",
-    "RevokeEgress",
-    "ExposeSandboxPort",
-    "UnexposeSandboxPort",
-    "ExecInSandbox",
-    "DeleteSandbox",
-    "GetSandbox",
-    "ListSandboxes",
-    "WatchSandbox",
-    "TailSandboxLogs",
-    "SuspendSandbox",
-    "ResumeSandbox",
-    "KeepSandboxAlive",
+    "SnapshotWorkspace",
+    "DeleteWorkspaceSnapshot",
 ];
 
 /// The whole table over `tcp`, bootstrapped over `root` (root on a unix socket of the
@@ -502,12 +515,7 @@ async fn table(root: Channel, tcp: Channel) -> Table {
                     None
                 };
                 if ID_ADDRESSED.contains(&name) {
-                    let want = if SERVED.contains(&name) {
-                        Code::NotFound
-                    } else {
-                        Code::Unimplemented
-                    };
-                    assert_eq!(got, want, "{at}");
+                    assert_eq!(got, Code::NotFound, "{at}");
                     continue;
                 }
                 match need {
@@ -531,12 +539,14 @@ async fn table(root: Channel, tcp: Channel) -> Table {
                                         )),
                                 "{at}"
                             );
-                            let want = match name {
-                                "CreateSandbox" => Code::InvalidArgument,
-                                "ListSandboxes" => Code::Ok,
-                                _ => Code::Unimplemented,
-                            };
                             if name.contains("Sandbox") || name.contains("Workspace") {
+                                let want = match name {
+                                    "CreateSandbox" | "CreateWorkspace" => Code::InvalidArgument,
+                                    "ListSandboxes"
+                                    | "ListWorkspaces"
+                                    | "ListWorkspaceSnapshots" => Code::Ok,
+                                    other => panic!("no expectation for {other}"),
+                                };
                                 assert_eq!(got, want, "{at}");
                             }
                         }
@@ -695,6 +705,118 @@ async fn the_router_in_front_of_two_nodes_serves_the_same_table() {
     r.wait_nodes().await;
     let root = unix_channel(&r.socket()).await;
     let t = table(root, channel(&r.addr).await).await;
+
+    // Durable workspaces through the router: made on a placed node, found there by id; a
+    // sandbox mounting one is placed on the node that holds it; snapshots too.
+    let mut w = WorkspaceServiceClient::new(channel(&r.addr).await);
+    let mut s = SandboxServiceClient::new(channel(&r.addr).await);
+    let op = Some(t.operator.as_str());
+    let ws = w
+        .create_workspace(with(
+            pb::CreateWorkspaceRequest {
+                namespace: "team-a".into(),
+                size: "32Mi".into(),
+                ..Default::default()
+            },
+            op,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let wid = ws.workspace_id.clone();
+    let holder: Vec<usize> = (0..2)
+        .filter(|i| {
+            nodes[*i]
+                .state_dir()
+                .join("store/workspaces")
+                .join(&wid)
+                .exists()
+        })
+        .collect();
+    assert_eq!(holder.len(), 1, "{holder:?}");
+    for _ in 0..2 {
+        let mut req = exec_only("team-a", "py");
+        req.workspace_id = wid.clone();
+        let sb = s.create_sandbox(with(req, op)).await.unwrap().into_inner();
+        let on = nodes[holder[0]]
+            .state_dir()
+            .join("workspaces")
+            .join(&sb.sandbox_id);
+        assert!(on.exists(), "the sandbox is not on the workspace's node");
+        let got = w
+            .get_workspace(with(
+                pb::GetWorkspaceRequest {
+                    workspace_id: wid.clone(),
+                },
+                op,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.attached_to, sb.sandbox_id);
+        s.delete_sandbox(with(
+            pb::DeleteSandboxRequest {
+                sandbox_id: sb.sandbox_id,
+            },
+            op,
+        ))
+        .await
+        .unwrap();
+    }
+    let snap = w
+        .snapshot_workspace(with(
+            pb::SnapshotWorkspaceRequest {
+                workspace_id: wid.clone(),
+                ..Default::default()
+            },
+            op,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(snap.consistency, "detached");
+    let restored = w
+        .create_workspace(with(
+            pb::CreateWorkspaceRequest {
+                namespace: "team-a".into(),
+                snapshot_id: snap.snapshot_id.clone(),
+                ..Default::default()
+            },
+            op,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(nodes[holder[0]]
+        .state_dir()
+        .join("store/workspaces")
+        .join(&restored.workspace_id)
+        .exists());
+    let listed = w
+        .list_workspaces(with(
+            pb::ListWorkspacesRequest {
+                namespace: "team-a".into(),
+            },
+            op,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .workspaces;
+    assert_eq!(listed.len(), 2);
+    w.delete_workspace_snapshot(with(
+        pb::DeleteWorkspaceSnapshotRequest {
+            snapshot_id: snap.snapshot_id,
+        },
+        op,
+    ))
+    .await
+    .unwrap();
+    for x in [wid, restored.workspace_id] {
+        w.delete_workspace(with(pb::DeleteWorkspaceRequest { workspace_id: x }, op))
+            .await
+            .unwrap();
+    }
 
     // Health and reflection name the platform's services on the router.
     let mut h = tonic_health::pb::health_client::HealthClient::new(channel(&r.addr).await);
@@ -2355,5 +2477,542 @@ async fn watch_and_tail_through_the_router_resume_across_a_node_restart() {
     assert!(
         w.message().await.unwrap().is_none(),
         "the watch goes on after TERMINATED"
+    );
+}
+
+/// A platform sandbox's create request (exec only) mounting `mounts` (workspace id, path, mode;
+/// an empty id is an ephemeral mount).
+fn mounting(ns: &str, mounts: &[(&str, &str, pb::MountMode)]) -> pb::CreateSandboxRequest {
+    let mut r = exec_only(ns, "py");
+    for (ws, path, mode) in mounts {
+        r.workspaces.push(pb::WorkspaceMount {
+            workspace_id: ws.to_string(),
+            mount_path: path.to_string(),
+            mode: *mode as i32,
+            ..Default::default()
+        });
+    }
+    r
+}
+
+/// Writes generations of a checksummed file set to /data until killed: generation g is
+/// `gen-g/` (12 files of 64 KiB, each fsynced), then `manifest.json` (g and every file's
+/// SHA-256) replaced atomically, then generation g-2 removed. Any instant of the file system
+/// has a manifest whose files are all there with their checksums; a copy taken over time
+/// does not (it can hold a manifest naming files it copied before they were written, or
+/// copied after they were removed).
+const WRITER: &str = r#"
+import hashlib, json, os, shutil
+g = 0
+while True:
+    g += 1
+    d = f"/data/gen-{g}"
+    os.makedirs(d)
+    sums = {}
+    for i in range(12):
+        b = os.urandom(65536)
+        with open(f"{d}/f{i}", "wb") as f:
+            f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        sums[f"gen-{g}/f{i}"] = hashlib.sha256(b).hexdigest()
+    with open("/data/manifest.tmp", "w") as f:
+        json.dump({"gen": g, "sums": sums}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename("/data/manifest.tmp", "/data/manifest.json")
+    shutil.rmtree(f"/data/gen-{g - 2}", ignore_errors=True)
+"#;
+
+/// Checks the file set at `dir`: prints `ok <gen> <files>` or what is wrong.
+const CHECK: &str = r#"
+import hashlib, json, sys
+d = sys.argv[1]
+m = json.load(open(f"{d}/manifest.json"))
+bad = [p for p, s in m["sums"].items()
+       if hashlib.sha256(open(f"{d}/{p}", "rb").read()).hexdigest() != s]
+print("ok" if not bad else "bad", m["gen"], len(m["sums"]), bad)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn durable_workspaces_attach_once_keep_data_snapshot_consistently_and_refuse_bad_mounts() {
+    need!();
+    let (mut d, mut c) = start_client("platform-durable", "").await;
+    let root = d.local_channel().await;
+    let (op, viewer, op_b) = sandbox_setup(&root).await;
+    let mut s = SandboxServiceClient::new(channel(&d.addr).await);
+    let mut w = WorkspaceServiceClient::new(channel(&d.addr).await);
+    let rw = pb::MountMode::ReadWrite;
+    let ro = pb::MountMode::ReadOnly;
+    let err = |r: Result<tonic::Response<pb::Workspace>, tonic::Status>| r.unwrap_err().code();
+    let create_ws = |size: &str, class: &str, snap: &str| pb::CreateWorkspaceRequest {
+        namespace: "team-a".into(),
+        size: size.into(),
+        storage_class: class.into(),
+        snapshot_id: snap.into(),
+        labels: [("purpose".to_string(), "test".to_string())].into(),
+    };
+
+    // Bad workspaces.
+    let unknown = uuid::Uuid::new_v4().to_string();
+    for (req, want) in [
+        (create_ws("lots", "", ""), Code::InvalidArgument),
+        (create_ws("1Ti", "", ""), Code::InvalidArgument),
+        (create_ws("", "nope", ""), Code::InvalidArgument),
+        (create_ws("", "", &unknown), Code::NotFound),
+    ] {
+        let got = err(w.create_workspace(with(req.clone(), Some(&op))).await);
+        assert_eq!(got, want, "{req:?}");
+    }
+    let ws = w
+        .create_workspace(with(create_ws("64Mi", "", ""), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            ws.namespace.as_str(),
+            ws.size.as_str(),
+            ws.storage_class.as_str()
+        ),
+        ("team-a", "64Mi", "standard")
+    );
+    assert!(
+        ws.attached_to.is_empty() && ws.disk_bytes < 16 << 20,
+        "{ws:?}"
+    );
+    let id = ws.workspace_id.clone();
+    // Another namespace's key cannot see it; a viewer can.
+    let hidden = w
+        .get_workspace(with(
+            pb::GetWorkspaceRequest {
+                workspace_id: id.clone(),
+            },
+            Some(&op_b),
+        ))
+        .await;
+    assert_eq!(err(hidden), Code::NotFound);
+    let listed = w
+        .list_workspaces(with(
+            pb::ListWorkspacesRequest {
+                namespace: "team-a".into(),
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.workspaces.len(), 1);
+
+    // Bad mounts.
+    let mut both = mounting("team-a", &[("", "/a", rw)]);
+    both.workspace_id = id.clone();
+    let nine: Vec<(String, pb::MountMode)> = (0..9).map(|i| (format!("/m{i}"), rw)).collect();
+    let nine: Vec<(&str, &str, pb::MountMode)> =
+        nine.iter().map(|(p, m)| ("", p.as_str(), *m)).collect();
+    for (req, want, ns_key) in [
+        (both, Code::InvalidArgument, &op),
+        (mounting("team-a", &nine), Code::InvalidArgument, &op),
+        (
+            mounting("team-a", &[(&id, "/a", rw), ("", "/a/b", rw)]),
+            Code::InvalidArgument,
+            &op,
+        ),
+        (
+            mounting("team-a", &[(&id, "/a", rw), (&id, "/b", ro)]),
+            Code::InvalidArgument,
+            &op,
+        ),
+        (
+            mounting("team-a", &[("", "relative", rw)]),
+            Code::InvalidArgument,
+            &op,
+        ),
+        (
+            mounting("team-a", &[(&unknown, "/a", rw)]),
+            Code::NotFound,
+            &op,
+        ),
+        // Another namespace's workspace is as if it did not exist.
+        (
+            {
+                let mut r = exec_only("team-b", "other");
+                r.workspace_id = id.clone();
+                r
+            },
+            Code::NotFound,
+            &op_b,
+        ),
+    ] {
+        let got = s.create_sandbox(with(req.clone(), Some(ns_key))).await;
+        assert_eq!(got.unwrap_err().code(), want, "{:?}", req.workspaces);
+    }
+
+    // Two sandboxes race to attach it: exactly one wins, the other is FAILED_PRECONDITION.
+    let racer = || {
+        let mut s = s.clone();
+        let mut r = exec_only("team-a", "py");
+        r.workspace_id = id.clone();
+        let op = op.clone();
+        async move { s.create_sandbox(with(r, Some(&op))).await }
+    };
+    let (a, b) = tokio::join!(racer(), racer());
+    let (winner, lost) = match (a, b) {
+        (Ok(x), Err(e)) | (Err(e), Ok(x)) => (x.into_inner(), e),
+        other => panic!("not exactly one winner: {other:?}"),
+    };
+    assert_eq!(lost.code(), Code::FailedPrecondition, "{lost:?}");
+    assert!(lost.message().contains(&winner.sandbox_id), "{lost:?}");
+    assert_eq!(winner.workspaces[0].workspace_id, id);
+    assert_eq!(winner.workspaces[0].mount_path, "/workspace");
+    let first = winner.sandbox_id.clone();
+    let got = w
+        .get_workspace(with(
+            pb::GetWorkspaceRequest {
+                workspace_id: id.clone(),
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.attached_to, first);
+    let busy = w
+        .delete_workspace(with(
+            pb::DeleteWorkspaceRequest {
+                workspace_id: id.clone(),
+            },
+            Some(&op),
+        ))
+        .await;
+    assert_eq!(busy.unwrap_err().code(), Code::FailedPrecondition);
+
+    // Data written through it, flushed: SyncWorkspace counts what changed since its last call.
+    wait_state(&mut s, &first, &viewer, pb::SandboxState::Running, "").await;
+    sh(
+        &mut c,
+        &first,
+        "mkdir -p /workspace/keep && for i in 1 2 3; do head -c 100000 /dev/urandom > \
+         /workspace/keep/f$i; done && sha256sum /workspace/keep/* > /workspace/sums",
+    )
+    .await;
+    let sync = |sb: &str, ws: &str| {
+        let mut s = s.clone();
+        let (sb, ws, op) = (sb.to_string(), ws.to_string(), op.clone());
+        async move {
+            s.sync_sandbox_workspace(with(
+                pb::SyncSandboxWorkspaceRequest {
+                    sandbox_id: sb,
+                    workspace_id: ws,
+                },
+                Some(&op),
+            ))
+            .await
+        }
+    };
+    let flushed = sync(&first, "").await.unwrap().into_inner();
+    assert_eq!(flushed.files_flushed, 4, "{flushed:?}");
+    assert!(
+        (300_000..310_000).contains(&flushed.bytes_flushed),
+        "{flushed:?}"
+    );
+    assert!(flushed.conflict_paths.is_empty());
+    let again = sync(&first, &id).await.unwrap().into_inner();
+    assert_eq!((again.files_flushed, again.bytes_flushed), (0, 0));
+    let other = sync(&first, &unknown).await.unwrap_err();
+    assert_eq!(other.code(), Code::FailedPrecondition, "{other:?}");
+    let sums = sh(&mut c, &first, "cat /workspace/sums").await;
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest {
+            sandbox_id: first.clone(),
+        },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    let got = w
+        .get_workspace(with(
+            pb::GetWorkspaceRequest {
+                workspace_id: id.clone(),
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.attached_to.is_empty(), "{got:?}");
+    assert!(got.disk_bytes >= 300_000, "{got:?}");
+
+    // A new sandbox mounting it at /data (beside an ephemeral /workspace) sees the data, and
+    // runs the writer there; snapshots taken while it writes restore consistent file sets.
+    let mut req = mounting("team-a", &[("", "/workspace", rw), (&id, "/data", rw)]);
+    req.exec_only = false;
+    req.argv = vec!["python3".into(), "-c".into(), WRITER.into()];
+    let second = s
+        .create_sandbox(with(req, Some(&op)))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    wait_state(&mut s, &second, &viewer, pb::SandboxState::Running, "").await;
+    let seen = sh(
+        &mut c,
+        &second,
+        "sed 's|/workspace/|/data/|' /data/sums | sha256sum -c",
+    )
+    .await;
+    assert_eq!(seen.matches(": OK").count(), 3, "{seen}\n{sums}");
+    let gen = |c: &mut Client| {
+        let mut c = c.clone();
+        let second = second.clone();
+        async move {
+            let m = sh(
+                &mut c,
+                &second,
+                "cat /data/manifest.json 2>/dev/null || echo '{}'",
+            )
+            .await;
+            serde_json::from_str::<serde_json::Value>(&m).unwrap()["gen"]
+                .as_u64()
+                .unwrap_or(0)
+        }
+    };
+    let t0 = std::time::Instant::now();
+    while gen(&mut c).await < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the writer does not write"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut restored = vec![];
+    for _ in 0..2 {
+        let snap = w
+            .snapshot_workspace(with(
+                pb::SnapshotWorkspaceRequest {
+                    workspace_id: id.clone(),
+                    ..Default::default()
+                },
+                Some(&op),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(snap.consistency, "freeze", "{snap:?}");
+        assert!(
+            ["reflink", "copy"].contains(&snap.method.as_str()),
+            "{snap:?}"
+        );
+        assert!(
+            snap.disk_bytes > 0 && snap.disk_bytes < 64 << 20,
+            "{snap:?}"
+        );
+        let r = w
+            .create_workspace(with(create_ws("", "", &snap.snapshot_id), Some(&op)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (r.size.as_str(), r.restored_from.as_str()),
+            ("64Mi", snap.snapshot_id.as_str())
+        );
+        restored.push(r.workspace_id);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The writer went on through the snapshots.
+    let before = gen(&mut c).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(gen(&mut c).await > before, "the writer stalled");
+    // Each restored workspace, mounted read-only: a whole generation, every checksum right;
+    // writes refused inside the sandbox and through WriteFile.
+    let mut gens = vec![];
+    for r in &restored {
+        let checker = s
+            .create_sandbox(with(mounting("team-a", &[(r, "/snap", ro)]), Some(&op)))
+            .await
+            .unwrap()
+            .into_inner()
+            .sandbox_id;
+        wait_state(&mut s, &checker, &viewer, pb::SandboxState::Running, "").await;
+        let out = exec(
+            &mut c,
+            exec_req(&checker, "python3", &["-c", CHECK, "/snap"]),
+        )
+        .await
+        .unwrap()
+        .out();
+        assert!(out.starts_with("ok ") && out.contains(" 12 []"), "{out}");
+        gens.push(out.split(' ').nth(1).unwrap().parse::<u64>().unwrap());
+        let o = exec(
+            &mut c,
+            exec_req(&checker, "sh", &["-c", "echo x > /snap/new"]),
+        )
+        .await
+        .unwrap();
+        assert_ne!(o.code(), 0);
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("Read-only"),
+            "{o:?}"
+        );
+        let wf = c
+            .write_file(write_req(&checker, "/snap/new", "x"))
+            .await
+            .unwrap_err();
+        assert_eq!(wf.code(), Code::FailedPrecondition, "{wf:?}");
+        s.delete_sandbox(with(
+            pb::DeleteSandboxRequest {
+                sandbox_id: checker,
+            },
+            Some(&op),
+        ))
+        .await
+        .unwrap();
+    }
+    assert!(gens[0] >= 3 && gens[1] > gens[0], "{gens:?}");
+
+    // A suspended sandbox lets its workspace go; Resume claims it again, and is
+    // FAILED_PRECONDITION while another live sandbox has it.
+    let attached = |w: &mut WorkspaceServiceClient<Channel>, x: String| {
+        let mut w = w.clone();
+        let viewer = viewer.clone();
+        async move {
+            w.get_workspace(with(
+                pb::GetWorkspaceRequest { workspace_id: x },
+                Some(&viewer),
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .attached_to
+        }
+    };
+    let on = |r: &str| {
+        let mut req = exec_only("team-a", "py");
+        req.workspace_id = r.to_string();
+        req
+    };
+    let sleeper = s
+        .create_sandbox(with(on(&restored[0]), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    wait_state(&mut s, &sleeper, &viewer, pb::SandboxState::Running, "").await;
+    s.suspend_sandbox(with(
+        pb::SuspendSandboxRequest {
+            sandbox_id: sleeper.clone(),
+        },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(attached(&mut w, restored[0].clone()).await, "");
+    let taker = s
+        .create_sandbox(with(on(&restored[0]), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    let resume = |s: &mut SandboxServiceClient<Channel>| {
+        let mut s = s.clone();
+        let (id, op) = (sleeper.clone(), op.clone());
+        async move {
+            s.resume_sandbox(with(pb::ResumeSandboxRequest { sandbox_id: id }, Some(&op)))
+                .await
+        }
+    };
+    let refused = resume(&mut s).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains(&taker), "{refused:?}");
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest { sandbox_id: taker },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    resume(&mut s).await.unwrap();
+    assert_eq!(attached(&mut w, restored[0].clone()).await, sleeper);
+
+    // A restart (kill -9) keeps who has which: the claim is rebuilt from the records.
+    d.kill9();
+    d.spawn();
+    let mut s = SandboxServiceClient::new(channel(&d.addr).await);
+    let mut w = WorkspaceServiceClient::new(channel(&d.addr).await);
+    assert_eq!(attached(&mut w, restored[0].clone()).await, sleeper);
+    assert_eq!(attached(&mut w, id.clone()).await, second);
+    let again = s
+        .create_sandbox(with(on(&id), Some(&op)))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest {
+            sandbox_id: sleeper,
+        },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+
+    // Snapshots listed, deleted; a snapshot outlives its restores and vice versa.
+    let snaps = w
+        .list_workspace_snapshots(with(
+            pb::ListWorkspaceSnapshotsRequest {
+                namespace: "team-a".into(),
+                workspace_id: id.clone(),
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshots;
+    assert_eq!(snaps.len(), 2);
+    for sn in &snaps {
+        w.delete_workspace_snapshot(with(
+            pb::DeleteWorkspaceSnapshotRequest {
+                snapshot_id: sn.snapshot_id.clone(),
+            },
+            Some(&op),
+        ))
+        .await
+        .unwrap();
+    }
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest { sandbox_id: second },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    for x in restored.iter().chain([&id]) {
+        w.delete_workspace(with(
+            pb::DeleteWorkspaceRequest {
+                workspace_id: x.clone(),
+            },
+            Some(&op),
+        ))
+        .await
+        .unwrap();
+    }
+    let left = w
+        .list_workspaces(with(
+            pb::ListWorkspacesRequest {
+                namespace: "team-a".into(),
+            },
+            Some(&viewer),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(left.workspaces.is_empty(), "{left:?}");
+    let store = d.state_dir().join("store");
+    assert_eq!(mounts_under(&store), Vec::<String>::new());
+    assert_eq!(
+        std::fs::read_dir(store.join("workspaces")).unwrap().count(),
+        0
+    );
+    assert_eq!(
+        std::fs::read_dir(store.join("snapshots")).unwrap().count(),
+        0
     );
 }

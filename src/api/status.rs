@@ -11,9 +11,9 @@ use crate::workspace;
 pub fn code(e: &Error) -> Code {
     match e {
         Error::InvalidArgument(_) => Code::InvalidArgument,
-        Error::NotFound(_) | Error::NoSuchGrant { .. } => Code::NotFound,
+        Error::NotFound(_) | Error::NoSuchGrant { .. } | Error::Missing(_) => Code::NotFound,
         Error::Unimplemented(_) => Code::Unimplemented,
-        Error::FailedPrecondition { .. } => Code::FailedPrecondition,
+        Error::FailedPrecondition { .. } | Error::Precondition(_) => Code::FailedPrecondition,
         Error::NotReady(_) => Code::DeadlineExceeded,
         Error::ResourceExhausted(_) => Code::ResourceExhausted,
         Error::Unavailable(_) => Code::Unavailable,
@@ -81,6 +81,8 @@ mod tests {
         let cases: Vec<(Error, Code)> = vec![
             (Error::InvalidArgument("x".into()), Code::InvalidArgument),
             (Error::NotFound("x".into()), Code::NotFound),
+            (Error::Missing("workspace x".into()), Code::NotFound),
+            (Error::Precondition("x".into()), Code::FailedPrecondition),
             (
                 Error::NoSuchGrant {
                     id: "x".into(),

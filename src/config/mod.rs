@@ -90,6 +90,10 @@ pub struct Config {
     /// How often the daemon collects expired soft-deleted workspaces, in seconds (0 = never;
     /// `computed gc` does one pass).
     pub gc_interval_secs: u64,
+    /// Where durable workspaces and their snapshots live (empty: `<state_dir>/store`). Put it
+    /// on a file system with reflinks (XFS with `reflink=1`, btrfs) and a snapshot costs disk
+    /// in proportion to what changed since; elsewhere a snapshot is a sparse copy.
+    pub workspace_store_dir: PathBuf,
     /// Default CPU limit in millicores.
     pub default_cpu_millis: u32,
     /// Default memory limit in bytes.
@@ -518,6 +522,7 @@ impl Default for Config {
             .into_iter()
             .collect(),
             gc_interval_secs: 300,
+            workspace_store_dir: PathBuf::new(),
             default_cpu_millis: 1000,
             default_memory_bytes: 1 << 30,
             default_max_runtime_secs: 15 * 60,
@@ -759,6 +764,15 @@ impl Config {
             return bad("tls_cert is set but there is no TCP listener".into());
         }
         Ok(())
+    }
+
+    /// Where durable workspaces and snapshots live.
+    pub fn store_dir(&self) -> PathBuf {
+        if self.workspace_store_dir.as_os_str().is_empty() {
+            self.state_dir.join("store")
+        } else {
+            self.workspace_store_dir.clone()
+        }
     }
 
     /// The ready wait as a Duration.

@@ -49,8 +49,8 @@ impl Node {
         if cap == 0 || backend != volume::Backend::Ext4Loop {
             return Ok(());
         }
-        let dir = self.config().state_dir.clone();
-        let held = blocking(move || volume::loop_volumes(&dir)).await?;
+        let dirs = [self.config().state_dir.clone(), self.config().store_dir()];
+        let held = blocking(move || volume::loop_volumes(&dirs)).await?;
         if held + want > cap {
             return Err(Error::ResourceExhausted(format!(
                 "the node holds its maximum of {cap} loop-device volumes"

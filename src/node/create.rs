@@ -138,7 +138,7 @@ pub fn resolve(cfg: &Config, req: &CreateRequest) -> Result<Resolved> {
 }
 
 /// A workspace size as given ("" = the node's default), within the node's bounds.
-fn workspace_size(cfg: &Config, text: &str) -> Result<ByteSize> {
+pub(super) fn workspace_size(cfg: &Config, text: &str) -> Result<ByteSize> {
     let invalid = |m: String| Err(Error::InvalidArgument(m));
     let size = if text.is_empty() {
         cfg.workspace_size.clone()

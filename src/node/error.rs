@@ -12,6 +12,13 @@ pub enum Error {
     /// No sandbox with that id.
     #[error("sandbox {0} not found")]
     NotFound(String),
+    /// No such other resource ("workspace X", "snapshot X").
+    #[error("{0} not found")]
+    Missing(String),
+    /// A resource other than a sandbox is not in a state for the call (a durable workspace
+    /// another sandbox has).
+    #[error("{0}")]
+    Precondition(String),
     /// No such egress grant on the sandbox (or no longer: it expired).
     #[error("sandbox {id} has no egress grant {grant}")]
     NoSuchGrant {

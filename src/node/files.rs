@@ -27,7 +27,13 @@ impl Node {
         append: bool,
         mode: u32,
     ) -> Result<u64> {
-        let (_, ws) = self.workspace(id).await?;
+        let (sb, ws) = self.workspace(id).await?;
+        if sb.platform.as_ref().is_some_and(|p| p.read_only) {
+            return Err(super::Error::Precondition(format!(
+                "sandbox {id}'s workspace at {} is mounted read-only",
+                sb.workspace.mount_path
+            )));
+        }
         self.check_free_disk().await?;
         Ok(blocking(move || ws.write(&path, &data, append, mode)).await??)
     }

@@ -41,12 +41,30 @@ impl Node {
             .extra_mounts()
             .iter()
             .enumerate()
+            .filter(|(_, m)| m.workspace_id.is_empty())
             .map(|(i, m)| (paths.extra(i + 1), m.size.bytes()))
             .collect();
-        self.check_loop_devices(backend, 1 + extra.len()).await?;
+        // Its own workspace, unless the first mount is a durable workspace.
+        let own = sb
+            .platform
+            .as_ref()
+            .is_none_or(|p| p.workspace_id.is_empty());
+        let durable = Self::durable_of(sb.definition()).len();
+        self.check_loop_devices(backend, usize::from(own) + extra.len() + durable)
+            .await?;
+        // Every durable workspace it mounts is its, or none is (FAILED_PRECONDITION).
+        self.attach_durable(sb.definition()).await?;
         let p2 = paths.clone();
-        blocking(move || {
-            volume::create(&p2, backend, size)?;
+        let made = blocking(move || {
+            if own {
+                volume::create(&p2, backend, size)?;
+            } else {
+                p2.create().map_err(|source| volume::Error::Io {
+                    what: "create",
+                    path: p2.base.clone(),
+                    source,
+                })?;
+            }
             // Each extra mount is a volume of its own (its own cap), inside the workspace's
             // directory: deleting or detaching the workspace takes them along.
             for (p, size) in &extra {
@@ -54,8 +72,12 @@ impl Node {
             }
             Ok(())
         })
-        .await?
-        .map_err(|e| capacity::volume_error(&sb.id, e))?;
+        .await
+        .and_then(|r| r.map_err(|e| capacity::volume_error(&sb.id, e)));
+        if let Err(e) = made {
+            self.release_durable(sb.definition()).await;
+            return Err(e);
+        }
         let volume = t0.elapsed();
         self.inner
             .rt
@@ -71,7 +93,6 @@ impl Node {
 
     fn spec_for(&self, sb: &Sandbox, image_env: &[String]) -> Vec<u8> {
         let cfg = &self.inner.cfg;
-        let paths = self.paths(&sb.id);
         let init_args: Vec<String> = if self.agent_enabled() {
             vec![
                 "/.compute/sandbox-agent".into(),
@@ -101,19 +122,18 @@ impl Node {
         };
         let host = self.host_limits(&sb.limits);
         let (netns, net_files) = self.network_of(sb).unzip();
+        let mounts = self.mounts_of(sb.definition());
         spec::sandbox_spec(&spec::SandboxSpec {
             hostname: format!("sandbox-{}", &sb.id[..8]),
             init_args,
             env: image_env.to_vec(),
-            workspace_dir: &paths.data,
+            workspace_dir: &mounts[0].paths.data,
             mount_path: &sb.workspace.mount_path,
-            read_only: sb.platform.as_ref().is_some_and(|p| p.read_only),
-            extra_mounts: sb
-                .extra_mounts()
+            read_only: mounts[0].read_only,
+            extra_mounts: mounts[1..]
                 .iter()
-                .enumerate()
-                .map(|(i, m)| spec::BindMount {
-                    source: paths.extra(i + 1).data,
+                .map(|m| spec::BindMount {
+                    source: m.paths.data.clone(),
                     destination: m.mount_path.clone(),
                     read_only: m.read_only,
                 })
@@ -357,6 +377,8 @@ impl Node {
         })
         .await?
         .map_err(|e| Error::Internal(format!("write tombstone: {e}")))?;
+        // Its durable workspaces are free for the next sandbox.
+        self.release_durable(sb.definition()).await;
         sb.set_destroyed(usage);
         self.table().end_session(&sb);
         crate::metrics::METRICS.forget_sandbox(&sb.metric_labels());

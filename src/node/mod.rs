@@ -21,6 +21,7 @@ mod agent;
 mod capacity;
 mod capture;
 pub mod create;
+pub mod durable;
 mod error;
 pub mod exec;
 mod files;
@@ -114,6 +115,8 @@ struct Inner {
     net: Option<network::Net>,
     /// Preview URLs (`[preview]`); None: ExposeSandboxPort is UNIMPLEMENTED.
     preview: Option<preview::Preview>,
+    /// Durable workspaces: who has which.
+    durable: durable::State,
 }
 
 /// What ends one agent link.
@@ -210,6 +213,7 @@ impl Node {
                     agent_links: Mutex::default(),
                     warming: Mutex::default(),
                     platform: platform::State::default(),
+                    durable: durable::State::default(),
                     net,
                     preview,
                 }
@@ -315,9 +319,10 @@ impl Node {
 
     /// The meter of sandbox `def`: its cgroup, and the disk of its workspace and extra mounts.
     fn meter_for(&self, def: &Definition, persisted: Persisted) -> Arc<Meter> {
-        let paths = self.paths(&def.id);
-        let dirs = std::iter::once(paths.data.clone())
-            .chain((1..=def.extra_mounts().len()).map(|i| paths.extra(i).data))
+        let dirs = self
+            .mounts_of(def)
+            .into_iter()
+            .map(|m| m.paths.data)
             .collect();
         Arc::new(
             Meter::new(self.cgroup(&def.id), dirs, persisted).with_network(self.network_iface(def)),
@@ -342,7 +347,7 @@ impl Node {
                 state: sb.status().word().into(),
             });
         }
-        let paths = self.paths(&sb.id);
+        let paths = self.mounts_of(sb.definition()).swap_remove(0).paths;
         let mount = sb.workspace.mount_path.clone();
         let ws = blocking(move || {
             if volume::has_image(&paths) {

@@ -76,13 +76,17 @@ pub struct PlatformSpec {
     /// ([`crate::workspace::Paths::extra`], numbered from 1), made and deleted with the sandbox.
     #[serde(default)]
     pub mounts: Vec<ExtraMount>,
+    /// The durable workspace the first mount is (empty: an ephemeral one, the node sandbox's
+    /// own workspace).
+    #[serde(default)]
+    pub workspace_id: String,
 }
 
 impl PlatformSpec {
     /// Whether its workspace is the plain one a pool member has: one read-write mount (so a
     /// pool member can take the sandbox over).
     pub fn plain_workspace(&self) -> bool {
-        self.mounts.is_empty() && !self.read_only
+        self.mounts.is_empty() && !self.read_only && self.workspace_id.is_empty()
     }
 }
 
@@ -96,6 +100,9 @@ pub struct ExtraMount {
     /// Read-only inside the sandbox.
     #[serde(default)]
     pub read_only: bool,
+    /// The durable workspace it is (empty: an ephemeral volume made for the sandbox).
+    #[serde(default)]
+    pub workspace_id: String,
 }
 
 /// The labels that record `spec` (its JSON in chunks `platform-0`, `platform-1`, ...).

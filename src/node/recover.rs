@@ -53,7 +53,12 @@ impl Node {
             }
             match sb.status() {
                 Status::Starting => self.settle_after_restart(&sb).await?,
-                Status::Suspending | Status::Resuming => self.settle_suspension(&sb).await?,
+                Status::Suspending | Status::Resuming => {
+                    self.settle_suspension(&sb).await?;
+                    if sb.status() == Status::Suspended {
+                        self.release_durable(sb.definition()).await;
+                    }
+                }
                 _ => {}
             }
             {
@@ -98,7 +103,29 @@ impl Node {
     /// Volumes of live sandboxes are mounted again after a reboot.
     async fn reattach_volume(&self, sb: &Sandbox) -> Result<()> {
         let paths = self.paths(&sb.id);
-        let attached = blocking(move || volume::attach_all(&paths)).await?;
+        // Its durable workspaces are its again (and mounted, after a reboot), unless it is
+        // suspended (it claims them on resume).
+        let durable: Vec<_> = if sb.status() == Status::Suspended {
+            vec![]
+        } else {
+            self.reclaim_durable(sb.definition());
+            self.mounts_of(sb.definition())
+                .into_iter()
+                .filter(|m| m.durable.is_some())
+                .map(|m| m.paths)
+                .collect()
+        };
+        let attached = blocking(move || -> std::result::Result<bool, volume::Error> {
+            let mut any = false;
+            for p in &durable {
+                if volume::has_image(p) && !volume::is_mounted(&p.data) {
+                    volume::attach(p)?;
+                    any = true;
+                }
+            }
+            Ok(volume::attach_all(&paths)? || any)
+        })
+        .await?;
         match attached {
             // A fresh loop device counts from zero again.
             Ok(true) => sb.meter.rebase_disk(),

@@ -299,6 +299,8 @@ impl Node {
         }
         sb.set_suspension(Some(s));
         sb.set_status(Status::Suspended, "");
+        // Its durable workspaces are free while it is suspended; resume claims them again.
+        self.release_durable(sb.definition()).await;
         let why = match cause {
             Cause::Request => "suspended",
             Cause::Idle => "suspended after being idle",
@@ -352,6 +354,11 @@ impl Node {
                     self.config().max_sandboxes
                 )));
             }
+        }
+        // Its durable workspaces again, unless another sandbox took one meanwhile
+        // (FAILED_PRECONDITION; it stays as it was).
+        if from != Status::Resuming {
+            self.attach_durable(sb.definition()).await?;
         }
         let t0 = Instant::now();
         let rt = &self.inner.rt;

@@ -316,6 +316,18 @@ pub const METHODS: &[(&str, Need)] = &[
         "/platform.v1.WorkspaceService/DeleteWorkspace",
         Need::Role(Role::Operator),
     ),
+    (
+        "/platform.v1.WorkspaceService/SnapshotWorkspace",
+        Need::Role(Role::Operator),
+    ),
+    (
+        "/platform.v1.WorkspaceService/ListWorkspaceSnapshots",
+        Need::Role(Role::Viewer),
+    ),
+    (
+        "/platform.v1.WorkspaceService/DeleteWorkspaceSnapshot",
+        Need::Role(Role::Operator),
+    ),
 ];
 
 /// What `method` (the gRPC path) needs; None for a method this table does not know, which the

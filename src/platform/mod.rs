@@ -16,3 +16,4 @@ pub mod records;
 pub mod sandboxes;
 pub mod service;
 pub mod store;
+pub mod workspaces;

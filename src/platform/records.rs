@@ -56,6 +56,22 @@ pub fn check_name(what: &str, name: &str) -> Result<(), Invalid> {
 }
 
 /// An absolute path with no `.`/`..` components, no doubled or trailing `/` and no NUL.
+/// Labels of a workspace or snapshot: at most 64, keys 1..=63 bytes, values up to 256, no NUL.
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    if labels.len() > 64 {
+        return invalid(format!("{} labels; at most 64", labels.len()));
+    }
+    for (k, v) in labels {
+        if k.is_empty() || k.len() > 63 || v.len() > 256 || k.contains('\0') || v.contains('\0') {
+            return invalid(format!(
+                "label {k:?}: keys are 1 to 63 bytes, values up to 256, without NUL"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `p` must be an absolute, clean path.
 pub fn check_clean_abs(what: &str, p: &str) -> Result<(), Invalid> {
     let clean = p.starts_with('/')
         && !p.contains('\0')
@@ -363,6 +379,15 @@ pub fn check_mounts(mounts: &[Mount]) -> Result<(), Invalid> {
         check_clean_abs("mount_path", &m.mount_path)?;
         if m.mount_path == "/" {
             return invalid("a workspace cannot be mounted at /");
+        }
+        if !m.workspace_id.is_empty()
+            && mounts
+                .iter()
+                .filter(|o| o.workspace_id == m.workspace_id)
+                .count()
+                > 1
+        {
+            return invalid(format!("workspace {} is mounted twice", m.workspace_id));
         }
         if !seen.insert(m.mount_path.as_str()) {
             return invalid(format!("two workspaces at {}", m.mount_path));

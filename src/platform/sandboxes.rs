@@ -47,6 +47,8 @@ pub trait Cluster: Send + Sync {
     async fn owner(&self, sandbox_id: &str) -> Result<tonic::transport::Channel, Status>;
     /// Channels to every ready node.
     fn nodes(&self) -> Vec<tonic::transport::Channel>;
+    /// Every ready node, by name.
+    fn named_nodes(&self) -> Vec<(String, tonic::transport::Channel)>;
     /// The nodes (name, channel) that may take a new sandbox keyed by `key`, best first.
     fn place(&self, namespace: &str, key: &str) -> Vec<(String, tonic::transport::Channel)>;
     /// Notes that `node` owns `sandbox_id` (it just made it).
@@ -63,7 +65,7 @@ pub enum Backend {
 }
 
 /// FAILED_PRECONDITION for a compute.v1 sandbox: the platform shows it read-only.
-fn read_only(sb: &Sandbox) -> std::result::Result<(), Error> {
+pub(super) fn read_only(sb: &Sandbox) -> std::result::Result<(), Error> {
     if sb.platform.is_none() {
         return Err(node::Error::FailedPrecondition {
             id: sb.id.clone(),
@@ -133,23 +135,28 @@ pub fn sandbox_pb(node: &Node, sb: &Sandbox) -> pb::Sandbox {
             memory_bytes: sb.limits.memory_bytes,
             disk_bytes: sb.workspace.size.bytes(),
         }),
-        workspaces: std::iter::once((&sb.workspace.mount_path, spec.read_only, &sb.workspace.size))
-            .chain(
-                sb.extra_mounts()
-                    .iter()
-                    .map(|m| (&m.mount_path, m.read_only, &m.size)),
-            )
-            .map(|(path, read_only, size)| pb::WorkspaceMount {
-                workspace_id: String::new(),
-                mount_path: path.clone(),
-                mode: if read_only {
-                    pb::MountMode::ReadOnly
-                } else {
-                    pb::MountMode::ReadWrite
-                } as i32,
-                size: size.to_string(),
-            })
-            .collect(),
+        workspaces: std::iter::once((
+            &sb.workspace.mount_path,
+            spec.read_only,
+            &sb.workspace.size,
+            &spec.workspace_id,
+        ))
+        .chain(
+            sb.extra_mounts()
+                .iter()
+                .map(|m| (&m.mount_path, m.read_only, &m.size, &m.workspace_id)),
+        )
+        .map(|(path, read_only, size, ws)| pb::WorkspaceMount {
+            workspace_id: ws.clone(),
+            mount_path: path.clone(),
+            mode: if read_only {
+                pb::MountMode::ReadOnly
+            } else {
+                pb::MountMode::ReadWrite
+            } as i32,
+            size: size.to_string(),
+        })
+        .collect(),
         // What is enforced now: none without a network (a node without `[egress]` gives
         // none, whatever the environment asks: the sandbox reaches nothing).
         egress_base: live.as_ref().map(|e| super::service::egress_pb(&e.base)),
@@ -321,18 +328,32 @@ impl Platform {
             _ => self.environment_for(ns, r).await?,
         };
         let env_name = env.name.as_str();
-        if !r.workspace_id.is_empty() {
-            // Durable workspaces come with issue 22: none exists yet.
-            return Err(Error::NotFound(format!("workspace {}", r.workspace_id)));
-        }
-        let mounts = if r.workspaces.is_empty() {
+        let mut mounts = if r.workspaces.is_empty() {
             env.workspaces.clone()
         } else {
             super::service::mounts_of(&r.workspaces)
         };
+        if !r.workspace_id.is_empty() {
+            // One durable workspace, read-write, at the environment's first mount path.
+            let at = mounts
+                .first()
+                .map(|m| m.mount_path.clone())
+                .unwrap_or_else(|| "/workspace".into());
+            mounts = vec![records::Mount {
+                workspace_id: r.workspace_id.clone(),
+                mount_path: at,
+                read_only: false,
+                size: String::new(),
+            }];
+        }
         records::check_mounts(&mounts)?;
-        if let Some(m) = mounts.iter().find(|m| !m.workspace_id.is_empty()) {
-            return Err(Error::NotFound(format!("workspace {}", m.workspace_id)));
+        // A durable workspace must be this namespace's (another's answers as a missing one)
+        // and takes its own size.
+        for m in mounts.iter_mut().filter(|m| !m.workspace_id.is_empty()) {
+            match node.get_workspace(&m.workspace_id) {
+                Ok(w) if w.record.namespace == ns => m.size = w.record.size.as_str().to_string(),
+                _ => return Err(Error::NotFound(format!("workspace {}", m.workspace_id))),
+            }
         }
         let res = match &r.resources {
             Some(x) => records::Resources {
@@ -392,6 +413,7 @@ impl Platform {
                 mount_path: m.mount_path.clone(),
                 size,
                 read_only: m.read_only,
+                workspace_id: m.workspace_id.clone(),
             });
         }
         let spec = PlatformSpec {
@@ -415,6 +437,7 @@ impl Platform {
             idempotency_key: r.idempotency_key.clone(),
             read_only: mount.is_some_and(|m| m.read_only),
             mounts: extra,
+            workspace_id: mount.map(|m| m.workspace_id.clone()).unwrap_or_default(),
         };
         let session_id = if r.idempotency_key.is_empty() {
             format!("platform/{}", uuid::Uuid::new_v4())
@@ -933,7 +956,16 @@ impl Platform {
             r.idempotency_key.clone()
         };
         let mut last = Status::unavailable("no node is ready");
-        for (node, ch) in c.place(&r.namespace, &key) {
+        // A sandbox mounting durable workspaces goes to the node that holds them.
+        let durable: Vec<String> = std::iter::once(r.workspace_id.clone())
+            .chain(r.workspaces.iter().map(|m| m.workspace_id.clone()))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let candidates = match durable.first() {
+            Some(ws) => vec![self.workspace_holder(c, req.metadata(), p, ws).await?.0],
+            None => c.place(&r.namespace, &key),
+        };
+        for (node, ch) in candidates {
             let mut cl = pb::sandbox_service_client::SandboxServiceClient::new(ch);
             let mut q = self.to_node(r.clone(), req.metadata(), p);
             if self.peer.is_some() {

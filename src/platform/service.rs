@@ -1,7 +1,6 @@
 //! The platform API served: AccessService (namespaces, keys, role bindings, WhoAmI, audit)
-//! and EnvironmentService whole; SandboxService's sandboxes (Create, Get, List, Delete, Watch,
-//! TailLogs: [`super::sandboxes`]); the rest of SandboxService and WorkspaceService check who
-//! calls and then answer UNIMPLEMENTED naming the issue that brings the capability.
+//! and EnvironmentService whole; SandboxService ([`super::sandboxes`]) and WorkspaceService
+//! ([`super::workspaces`]).
 //!
 //! Every call goes through [`Platform::gate`] first: credentials → principal → the access
 //! table's rule for the method, in the namespace the request names. Every denied call and
@@ -87,12 +86,6 @@ fn store_status(s: &store::Error) -> Status {
 }
 
 type Result<T> = std::result::Result<T, Error>;
-
-/// What the capability that an RPC waits for is called, by RPC name.
-fn later(method: &str) -> String {
-    let name = method.rsplit('/').next().unwrap_or(method);
-    format!("{name} is not served yet: it comes with durable workspaces (issue 22)")
-}
 
 /// The platform's services over one store.
 #[derive(Clone)]
@@ -1020,43 +1013,9 @@ impl pb::environment_service_server::EnvironmentService for Platform {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SandboxService and WorkspaceService: the gate, then UNIMPLEMENTED until their issues.
+// SandboxService and WorkspaceService.
 
 pub(super) type Stream_<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
-
-impl Platform {
-    /// Checks the call against the namespace it names (`Some`) or only authenticates it (an
-    /// id-addressed call: its namespace is the resource's, and there are no such resources
-    /// yet), audits a refused write, and answers UNIMPLEMENTED.
-    async fn not_yet<T, R>(
-        &self,
-        req: &Request<T>,
-        method: &str,
-        namespace: Option<&str>,
-    ) -> std::result::Result<R, Status> {
-        match namespace {
-            Some(ns) => {
-                self.gate(req, method, ns).await?;
-            }
-            None => {
-                self.authenticated(req, method, "").await?;
-            }
-        }
-        Err(Error::Unimplemented(later(method)).into())
-    }
-}
-
-macro_rules! not_yet {
-    ($self:ident, $req:ident, $svc:literal, $name:literal, ns = $ns:expr) => {{
-        let ns = $ns(&$req);
-        $self
-            .not_yet(&$req, method!($svc, $name), Some(ns.as_str()))
-            .await
-    }};
-    ($self:ident, $req:ident, $svc:literal, $name:literal) => {
-        $self.not_yet(&$req, method!($svc, $name), None).await
-    };
-}
 
 #[tonic::async_trait]
 impl pb::sandbox_service_server::SandboxService for Platform {
@@ -1165,7 +1124,8 @@ impl pb::sandbox_service_server::SandboxService for Platform {
         &self,
         req: Request<pb::SyncSandboxWorkspaceRequest>,
     ) -> std::result::Result<Response<pb::SyncSandboxWorkspaceResponse>, Status> {
-        not_yet!(self, req, "SandboxService", "SyncSandboxWorkspace")
+        self.sync_workspace_here(req, method!("SandboxService", "SyncSandboxWorkspace"))
+            .await
     }
 }
 
@@ -1175,37 +1135,50 @@ impl pb::workspace_service_server::WorkspaceService for Platform {
         &self,
         req: Request<pb::CreateWorkspaceRequest>,
     ) -> std::result::Result<Response<pb::Workspace>, Status> {
-        not_yet!(
-            self,
-            req,
-            "WorkspaceService",
-            "CreateWorkspace",
-            ns = |r: &Request<pb::CreateWorkspaceRequest>| r.get_ref().namespace.clone()
-        )
+        self.create_workspace_here(req, method!("WorkspaceService", "CreateWorkspace"))
+            .await
     }
     async fn get_workspace(
         &self,
         req: Request<pb::GetWorkspaceRequest>,
     ) -> std::result::Result<Response<pb::Workspace>, Status> {
-        not_yet!(self, req, "WorkspaceService", "GetWorkspace")
+        self.get_workspace_here(req, method!("WorkspaceService", "GetWorkspace"))
+            .await
     }
     async fn list_workspaces(
         &self,
         req: Request<pb::ListWorkspacesRequest>,
     ) -> std::result::Result<Response<pb::ListWorkspacesResponse>, Status> {
-        not_yet!(
-            self,
-            req,
-            "WorkspaceService",
-            "ListWorkspaces",
-            ns = |r: &Request<pb::ListWorkspacesRequest>| r.get_ref().namespace.clone()
-        )
+        self.list_workspaces_here(req, method!("WorkspaceService", "ListWorkspaces"))
+            .await
     }
     async fn delete_workspace(
         &self,
         req: Request<pb::DeleteWorkspaceRequest>,
     ) -> std::result::Result<Response<pb::DeleteWorkspaceResponse>, Status> {
-        not_yet!(self, req, "WorkspaceService", "DeleteWorkspace")
+        self.delete_workspace_here(req, method!("WorkspaceService", "DeleteWorkspace"))
+            .await
+    }
+    async fn snapshot_workspace(
+        &self,
+        req: Request<pb::SnapshotWorkspaceRequest>,
+    ) -> std::result::Result<Response<pb::WorkspaceSnapshot>, Status> {
+        self.snapshot_workspace_here(req, method!("WorkspaceService", "SnapshotWorkspace"))
+            .await
+    }
+    async fn list_workspace_snapshots(
+        &self,
+        req: Request<pb::ListWorkspaceSnapshotsRequest>,
+    ) -> std::result::Result<Response<pb::ListWorkspaceSnapshotsResponse>, Status> {
+        self.list_snapshots_here(req, method!("WorkspaceService", "ListWorkspaceSnapshots"))
+            .await
+    }
+    async fn delete_workspace_snapshot(
+        &self,
+        req: Request<pb::DeleteWorkspaceSnapshotRequest>,
+    ) -> std::result::Result<Response<pb::DeleteWorkspaceSnapshotResponse>, Status> {
+        self.delete_snapshot_here(req, method!("WorkspaceService", "DeleteWorkspaceSnapshot"))
+            .await
     }
 }
 
@@ -1225,19 +1198,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("plat
 
 #[cfg(test)]
 mod tests {
-    use super::super::access;
     use super::*;
-
-    #[test]
-    fn every_not_yet_rpc_names_its_issue() {
-        for (m, _) in access::METHODS {
-            if m.contains("SandboxService") || m.contains("WorkspaceService") {
-                let l = later(m);
-                assert!(l.contains("(issue 1") || l.contains("(issue 2"), "{m}: {l}");
-            }
-        }
-        assert!(later("/platform.v1.WorkspaceService/CreateWorkspace").contains("issue 22"));
-    }
 
     #[test]
     fn only_root_and_the_servers_own_uid_are_local_admins() {

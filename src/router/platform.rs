@@ -26,9 +26,13 @@ impl Cluster for Router {
     }
 
     fn nodes(&self) -> Vec<Channel> {
+        self.named_nodes().into_iter().map(|(_, c)| c).collect()
+    }
+
+    fn named_nodes(&self) -> Vec<(String, Channel)> {
         self.ready_nodes()
             .into_iter()
-            .filter_map(|(n, _)| self.node_channel(&n).ok())
+            .filter_map(|(n, _)| Some((n.name.clone(), self.node_channel(&n).ok()?)))
             .collect()
     }
 
