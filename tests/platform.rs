@@ -2933,6 +2933,56 @@ async fn durable_workspaces_attach_once_keep_data_snapshot_consistently_and_refu
     resume(&mut s).await.unwrap();
     assert_eq!(attached(&mut w, restored[0].clone()).await, sleeper);
 
+    // Deleting a suspended sandbox leaves the workspace mounted for the one that took it.
+    let doomed = s
+        .create_sandbox(with(on(&restored[1]), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    wait_state(&mut s, &doomed, &viewer, pb::SandboxState::Running, "").await;
+    s.suspend_sandbox(with(
+        pb::SuspendSandboxRequest {
+            sandbox_id: doomed.clone(),
+        },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    let holder = s
+        .create_sandbox(with(on(&restored[1]), Some(&op)))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox_id;
+    wait_state(&mut s, &holder, &viewer, pb::SandboxState::Running, "").await;
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest { sandbox_id: doomed },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+    let vol = d.state_dir().join("store/workspaces").join(&restored[1]);
+    assert_eq!(
+        mounts_under(&vol).len(),
+        1,
+        "the holder's volume was unmounted"
+    );
+    let ls = sh(
+        &mut c,
+        &holder,
+        "echo kept > /workspace/after && cat /workspace/after",
+    )
+    .await;
+    assert_eq!(ls, "kept\n");
+    assert_eq!(attached(&mut w, restored[1].clone()).await, holder);
+    s.delete_sandbox(with(
+        pb::DeleteSandboxRequest { sandbox_id: holder },
+        Some(&op),
+    ))
+    .await
+    .unwrap();
+
     // A restart (kill -9) keeps who has which: the claim is rebuilt from the records.
     d.kill9();
     d.spawn();

@@ -410,6 +410,15 @@ impl Node {
             .into_iter()
             .filter(|m| m.durable.is_some())
             .collect();
+        // Mounted under their locks: a snapshot of a detached one is never copied while a
+        // sandbox starts writing to it.
+        let mut sorted = ids.clone();
+        sorted.sort();
+        let locks: Vec<_> = sorted.iter().map(|w| self.workspace_lock(w)).collect();
+        let mut guards = Vec::with_capacity(locks.len());
+        for l in &locks {
+            guards.push(l.lock().await);
+        }
         let r = blocking(move || -> std::result::Result<(), volume::Error> {
             for m in &mounts {
                 if volume::has_image(&m.paths) {
@@ -420,6 +429,7 @@ impl Node {
         })
         .await
         .and_then(|r| r.map_err(|e| Error::Internal(format!("mount workspace: {e}"))));
+        drop(guards);
         if r.is_err() {
             self.release_durable(def).await;
         }
@@ -435,6 +445,11 @@ impl Node {
         for id in &ids {
             let l = self.workspace_lock(id);
             let _g = l.lock().await;
+            // One another sandbox has now (this one let it go at suspend) stays mounted.
+            let holder = lock(&self.inner.durable.attached).get(id).cloned();
+            if holder.as_ref().is_some_and(|h| *h != def.id) {
+                continue;
+            }
             let paths = self.durable_paths(id);
             let r = blocking(move || volume::detach(&paths)).await;
             if !matches!(r, Ok(Ok(()))) {
