@@ -980,20 +980,20 @@ impl Platform {
                     c.remember(&sb.sandbox_id, &node);
                     return Ok(sb);
                 }
-                // Full or unreachable: the next node may take it.
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        tonic::Code::ResourceExhausted | tonic::Code::Unavailable
-                    ) =>
-                {
-                    last = s
-                }
+                Err(s) if another_node_may(&s) => last = s,
                 Err(s) => return Err(s),
             }
         }
         Err(last)
     }
+}
+
+/// Whether a node's refusal of a create lets the next node try (it is full or unreachable).
+pub(super) fn another_node_may(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+    )
 }
 
 /// An exposure on the wire (no token: only ExposeSandboxPort's answer carries one).

@@ -82,11 +82,6 @@ where
 }
 
 impl Platform {
-    /// The node, or the cluster behind a router.
-    fn workspace_backend(&self) -> Result<Backend, Status> {
-        Ok(self.backend()?.clone())
-    }
-
     /// The node holding workspace `id` (as the caller sees it) and its record there.
     pub(super) async fn workspace_holder(
         &self,
@@ -166,8 +161,8 @@ impl Platform {
     ) -> Result<Response<pb::Workspace>, Status> {
         let r = req.get_ref();
         let p = self.gate_existing(&req, method, &r.namespace).await?;
-        let node = match self.workspace_backend()? {
-            Backend::Node(n) => n,
+        let node = match self.backend()? {
+            Backend::Node(n) => n.clone(),
             Backend::Cluster(c) => {
                 let made = self.forward_create_workspace(c.as_ref(), &req, &p).await;
                 return self
@@ -241,14 +236,7 @@ impl Platform {
             let q = self.to_node(r.clone(), req.metadata(), p);
             match Client::new(ch).create_workspace(q).await {
                 Ok(w) => return Ok(w.into_inner()),
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        tonic::Code::ResourceExhausted | tonic::Code::Unavailable
-                    ) =>
-                {
-                    last = s
-                }
+                Err(s) if super::sandboxes::another_node_may(&s) => last = s,
                 Err(s) => return Err(s),
             }
         }
@@ -261,7 +249,7 @@ impl Platform {
         method: &str,
     ) -> Result<Response<pb::Workspace>, Status> {
         let id = req.get_ref().workspace_id.clone();
-        if let Backend::Cluster(c) = self.workspace_backend()? {
+        if let Backend::Cluster(c) = self.backend()? {
             let p = self.authenticated(&req, method, &id).await?;
             let (_, w) = self
                 .workspace_holder(c.as_ref(), req.metadata(), &p, &id)
@@ -279,7 +267,7 @@ impl Platform {
     ) -> Result<Response<pb::ListWorkspacesResponse>, Status> {
         let ns = req.get_ref().namespace.clone();
         let p = self.gate_existing(&req, method, &ns).await?;
-        if let Backend::Cluster(c) = self.workspace_backend()? {
+        if let Backend::Cluster(c) = self.backend()? {
             let calls = c.nodes().into_iter().map(|ch| {
                 let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
                 async move { Client::new(ch).list_workspaces(q).await }
@@ -309,7 +297,7 @@ impl Platform {
         method: &str,
     ) -> Result<Response<pb::DeleteWorkspaceResponse>, Status> {
         let id = req.get_ref().workspace_id.clone();
-        if let Backend::Cluster(c) = self.workspace_backend()? {
+        if let Backend::Cluster(c) = self.backend()? {
             let p = self.authenticated(&req, method, &id).await?;
             let r = async {
                 let ((_, ch), w) = self
@@ -337,7 +325,7 @@ impl Platform {
         method: &str,
     ) -> Result<Response<pb::WorkspaceSnapshot>, Status> {
         let r = req.get_ref();
-        if let Backend::Cluster(c) = self.workspace_backend()? {
+        if let Backend::Cluster(c) = self.backend()? {
             let p = self.authenticated(&req, method, &r.workspace_id).await?;
             let res = async {
                 let ((_, ch), w) = self
@@ -390,7 +378,7 @@ impl Platform {
     ) -> Result<Response<pb::ListWorkspaceSnapshotsResponse>, Status> {
         let r = req.get_ref();
         let p = self.gate_existing(&req, method, &r.namespace).await?;
-        if let Backend::Cluster(c) = self.workspace_backend()? {
+        if let Backend::Cluster(c) = self.backend()? {
             let calls = c.nodes().into_iter().map(|ch| {
                 let q = self.to_node(r.clone(), req.metadata(), &p);
                 async move { Client::new(ch).list_workspace_snapshots(q).await }
@@ -424,7 +412,7 @@ impl Platform {
     ) -> Result<Response<pb::DeleteWorkspaceSnapshotResponse>, Status> {
         let id = req.get_ref().snapshot_id.clone();
         let p = self.authenticated(&req, method, &id).await?;
-        if let Backend::Cluster(c) = self.workspace_backend()? {
+        if let Backend::Cluster(c) = self.backend()? {
             let r = on_holder(c.as_ref(), &format!("snapshot {id}"), |mut cl| {
                 let q = self.to_node(req.get_ref().clone(), req.metadata(), &p);
                 async move { cl.delete_workspace_snapshot(q).await }
