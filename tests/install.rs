@@ -4,10 +4,17 @@
 //!   restart command that counts): the first run copies, edits and restarts once; a second run
 //!   changes nothing and restarts nothing; new runsc bytes are copied again without a restart;
 //!   `--dry-run` changes nothing; a version-1 config is refused;
+//! * `--runtime auto`: gVisor's shim when the image ships it, else containerd's runc shim with
+//!   runsc (or `--runc-binary`) as its binary, and switching leaves no stale key;
 //! * against a real containerd (root + `containerd` + `ctr`): a private containerd reads its
 //!   config from a scratch host root, the installer edits it and restarts that containerd
 //!   through `--restart-cmd`, and containerd proves it took the edit: it answers, its CRI
-//!   plugin loaded, and `containerd config dump` shows the runsc handler.
+//!   plugin loaded, and `containerd config dump` shows the runsc handler;
+//! * `--restart-mode reexec` against a real containerd started by a script, in a cgroup of its
+//!   own: the installer finds it by its config, stops it and starts the same command line in the
+//!   same cgroups with its output appended to the same log, rewrites its pid file, and the new
+//!   containerd serves the edited config; a second run restarts nothing; one in a
+//!   `*containerd*.service` cgroup (systemd's) is refused and left running.
 
 mod common;
 
@@ -116,6 +123,10 @@ impl Scratch {
             self.dir.path().join("image/no-shim").display().to_string(),
             "--restart-cmd".into(),
             format!("echo restarted >> '{}'", self.marker.display()),
+            // The runsc shim's keys, whether or not the (fake) image ships the shim;
+            // `auto` is tested by itself below.
+            "--runtime".into(),
+            "runsc-shim".into(),
         ];
         a.extend(extra.iter().map(|s| s.to_string()));
         a
@@ -561,6 +572,8 @@ state = "{d}/state"
         shim_src.to_str().unwrap(),
         "--restart-cmd",
         &restart_cmd,
+        "--runtime",
+        "runsc-shim",
     ];
     let out = ok(install(&args));
     assert!(has_line(&out, "containerd config: changed"), "{out}");
@@ -625,4 +638,282 @@ state = "{d}/state"
         "containerd {second} is still there"
     );
     assert!(!private.sock().exists() || private.ctr(&["version"]).status.code() != Some(0));
+}
+
+#[test]
+fn auto_runtime_picks_the_shim_only_when_the_image_ships_it() {
+    let s = Scratch::new(Some(V2));
+    let auto = |extra: &[&str]| {
+        let mut a = s.args(extra);
+        let i = a.iter().position(|x| x == "--runtime").unwrap();
+        a[i + 1] = "auto".into();
+        ok(install(&a.iter().map(String::as_str).collect::<Vec<_>>()))
+    };
+    // No shim in the image: the runc shim runs runsc from --bin-dir.
+    let out = auto(&[]);
+    assert!(
+        has_line(
+            &out,
+            "runsc handler: containerd's runc v2 shim running /usr/local/bin/runsc"
+        ),
+        "{out}"
+    );
+    assert!(has_line(&out, "runsc config: skipped"), "{out}");
+    let text = std::fs::read_to_string(s.host("etc/containerd/config.toml")).unwrap();
+    let r = runsc_entry(&text);
+    assert_eq!(
+        r["runtime_type"].as_str(),
+        Some("io.containerd.runc.v2"),
+        "{text}"
+    );
+    assert_eq!(
+        r["options"]["BinaryName"].as_str(),
+        Some("/usr/local/bin/runsc")
+    );
+    assert!(r["options"].get("TypeUrl").is_none(), "{text}");
+    assert!(!s.host("etc/containerd/runsc.toml").exists());
+    assert!(!s.host("usr/local/bin/containerd-shim-runsc-v1").exists());
+    // A wrapper in runsc's place.
+    let out = auto(&["--runc-binary", "/opt/k1/runsc-wrapper"]);
+    assert!(has_line(&out, "containerd config: changed"), "{out}");
+    let text = std::fs::read_to_string(s.host("etc/containerd/config.toml")).unwrap();
+    assert_eq!(
+        runsc_entry(&text)["options"]["BinaryName"].as_str(),
+        Some("/opt/k1/runsc-wrapper")
+    );
+    assert_eq!(s.restarts(), 2);
+    // The image ships the shim: gVisor's shim, installed, and the runc shim's key gone.
+    std::fs::write(s.dir.path().join("image/no-shim"), b"fake shim").unwrap();
+    let out = auto(&[]);
+    assert!(has_line(&out, "runsc handler: gVisor's shim"), "{out}");
+    let text = std::fs::read_to_string(s.host("etc/containerd/config.toml")).unwrap();
+    assert_runsc_entry(&text);
+    assert!(
+        runsc_entry(&text)["options"].get("BinaryName").is_none(),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read(s.host("usr/local/bin/containerd-shim-runsc-v1")).unwrap(),
+        b"fake shim"
+    );
+    assert_eq!(s.restarts(), 3);
+}
+
+/// A cgroup made for one test in the first hierarchy it finds (cgroup v1: `pids`; v2: the
+/// unified one), removed on drop (its processes moved back to the root first).
+struct TestCgroup {
+    dir: PathBuf,
+}
+
+impl TestCgroup {
+    fn new(name: &str) -> Self {
+        let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/pids")
+        };
+        let dir = base.join(name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        Self { dir }
+    }
+
+    fn add(&self, pid: i32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    fn procs(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let root = self.dir.parent().unwrap().join("cgroup.procs");
+        for p in self.procs() {
+            let _ = std::fs::write(&root, p.to_string());
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The cgroup lines of a process, sorted.
+fn cgroups_of(pid: i32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+fn cmdline_of(pid: i32) -> Vec<u8> {
+    std::fs::read(format!("/proc/{pid}/cmdline")).unwrap()
+}
+
+#[test]
+fn reexec_restarts_a_script_started_containerd_in_place() {
+    if !real_containerd_prerequisites() {
+        return;
+    }
+    nix::sys::prctl::set_child_subreaper(true).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("computed-install-reexec-")
+        .tempdir()
+        .unwrap();
+    let d = tmp.path().to_path_buf();
+    // The host is this machine (host root /): the config, binaries and pid file are real
+    // paths in the scratch dir.
+    let root = d.join("host");
+    let cfg = root.join("etc/containerd/config.toml");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    let original = format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+[grpc]
+  address = "{d}/c.sock"
+[ttrpc]
+  address = "{d}/c.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+"#,
+        d = d.display()
+    );
+    std::fs::write(&cfg, &original).unwrap();
+    std::fs::write(
+        d.join("ctl.sh"),
+        CTL.replace("__DIR__", &format!("'{}'", d.display())),
+    )
+    .unwrap();
+    let image = d.join("image");
+    std::fs::create_dir_all(&image).unwrap();
+    std::fs::write(image.join("runsc"), FAKE_RUNSC).unwrap();
+
+    let private = Private { dir: d.clone() };
+    let o = private.ctl("start");
+    assert!(o.status.success(), "{}", private.log());
+    let first = private.pid().unwrap();
+    let cg = TestCgroup::new(&format!("computed-reexec-{}", std::process::id()));
+    cg.add(first);
+    let cgroups_before = cgroups_of(first);
+    let cmdline_before = cmdline_of(first);
+    let log_before = private.log().len();
+
+    let bin_dir = d.join("bin");
+    let args: Vec<String> = [
+        "--host-root",
+        "/",
+        "--runsc-src",
+        image.join("runsc").to_str().unwrap(),
+        "--shim-src",
+        image.join("no-shim").to_str().unwrap(),
+        "--bin-dir",
+        bin_dir.to_str().unwrap(),
+        "--containerd-config",
+        cfg.to_str().unwrap(),
+        "--runsc-config",
+        d.join("runsc.toml").to_str().unwrap(),
+        "--restart-mode",
+        "reexec",
+        "--containerd-pid-file",
+        d.join("pid").to_str().unwrap(),
+        "--restart-timeout-secs",
+        "30",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = ok(install(&args));
+    assert!(
+        has_line(&out, &format!("containerd: pid {first} stopped")),
+        "{out}"
+    );
+    assert!(has_line(&out, "containerd: restarted"), "{out}");
+    reap(first);
+    assert!(!Path::new(&format!("/proc/{first}")).exists(), "{out}");
+    // The pid file names the new one, which runs the same command line in the same cgroups.
+    let second = private.pid().expect("pid file");
+    assert_ne!(second, first, "{out}");
+    assert!(
+        has_line(
+            &out,
+            &format!(
+                "containerd: pid file {}/pid now holds {second}",
+                d.display()
+            )
+        ),
+        "{out}"
+    );
+    assert_eq!(cmdline_of(second), cmdline_before);
+    assert_eq!(cgroups_of(second), cgroups_before);
+    assert!(cg.procs().contains(&second));
+    assert!(
+        out.contains(&format!(
+            "containerd: started again as pid {second} (same command line, namespaces and \
+             cgroups), answers on {}/c.sock",
+            d.display()
+        )),
+        "{out}"
+    );
+    // Its output went on in the same log, and it serves the edited config (runc shim + runsc).
+    let log = private.log();
+    assert!(log.len() > log_before, "nothing appended to the log");
+    assert_eq!(
+        log.matches("containerd successfully booted").count(),
+        2,
+        "{log}"
+    );
+    assert!(private.ctr(&["version"]).status.success());
+    assert_eq!(private.cri_status(), "ok", "{log}");
+    let dump = Command::new("containerd")
+        .arg("--config")
+        .arg(&cfg)
+        .args(["config", "dump"])
+        .output()
+        .unwrap();
+    let r = runsc_entry(&String::from_utf8_lossy(&dump.stdout));
+    assert_eq!(r["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+    assert_eq!(
+        r["options"]["BinaryName"].as_str(),
+        Some(bin_dir.join("runsc").to_str().unwrap())
+    );
+
+    // Again: nothing owed, nothing restarted.
+    let out = ok(install(&args));
+    assert!(has_line(&out, "containerd: not restarted"), "{out}");
+    assert_eq!(private.pid(), Some(second));
+
+    // A containerd that systemd runs is refused, and left running.
+    let unit = TestCgroup::new(&format!(
+        "computed-test-containerd-{}.service",
+        std::process::id()
+    ));
+    unit.add(second);
+    std::fs::write(&cfg, &original).unwrap(); // a restart is owed again
+    let o = install(&args);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("is systemd's unit") && err.contains("--restart-mode command"),
+        "{err}"
+    );
+    assert!(Path::new(&format!("/proc/{second}")).exists());
+    assert!(private.ctr(&["version"]).status.success());
+    assert_eq!(private.pid(), Some(second));
+    assert!(root
+        .join("etc/containerd/config.toml.computed-restart-pending")
+        .exists());
+    drop(unit);
+    private.stop();
+    assert!(!Path::new(&format!("/proc/{second}")).exists());
 }

@@ -33,6 +33,10 @@ enum Cmd {
         /// The agent's output FIFO.
         output: PathBuf,
     },
+    /// Join the host's namespaces and the given cgroups, then exec a command: the second half
+    /// of `computed install --restart-mode reexec` (internal).
+    #[command(hide = true)]
+    InstallExec(computed::install::ExecArgs),
     /// Run the stateless cluster router in the foreground.
     Router(Box<RouterArgs>),
     /// Install runsc on the host and register it with containerd (the DaemonSet's init step).
@@ -247,6 +251,14 @@ fn main() -> ExitCode {
     if let Cmd::FifoHold { input, output } = &args.cmd {
         return fifo_hold(input, output);
     }
+    // Before any thread starts: it joins a mount namespace.
+    if let Cmd::InstallExec(a) = &args.cmd {
+        eprintln!(
+            "computed install-exec: {}",
+            computed::install::exec_in_host(a)
+        );
+        return ExitCode::from(127);
+    }
     let cfg = match Config::load(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -282,7 +294,7 @@ fn main() -> ExitCode {
                 None => Ok(()), // loaded above for every router command
             },
             Cmd::Install(opts) => computed::install::run(&opts),
-            Cmd::FifoHold { .. } => Ok(()),
+            Cmd::FifoHold { .. } | Cmd::InstallExec(_) => Ok(()),
             Cmd::Gc { dry_run } => {
                 let dir = cfg.state_dir.clone();
                 let freed = tokio::task::spawn_blocking(move || {

@@ -8,10 +8,17 @@ use super::{Error, InstallOpts, Report};
 
 /// Writes the shim's config when it differs.
 pub(super) fn write_shim_config(
-    plan: &ShimConfigPlan,
+    plan: Option<&ShimConfigPlan>,
     opts: &InstallOpts,
     report: &mut Report,
 ) -> Result<(), Error> {
+    let Some(plan) = plan else {
+        report.line(format!(
+            "runsc config: skipped {} (the runc shim does not read it)",
+            opts.runsc_config.display()
+        ));
+        return Ok(());
+    };
     if plan.same {
         report.line(format!(
             "runsc config: unchanged {}",

@@ -45,8 +45,25 @@ pub struct Edit {
     pub warnings: Vec<String>,
 }
 
-/// Registers the `runsc` handler (`runtime_type`, `options.TypeUrl`, `options.ConfigPath =
-/// runsc_config`) in the containerd config `existing` (`None`: the file does not exist; a
+/// How the `runsc` handler runs runsc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler<'a> {
+    /// gVisor's shim: `runtime_type = "io.containerd.runsc.v1"`, `options.TypeUrl`,
+    /// `options.ConfigPath` = this (the shim's config file).
+    RunscShim {
+        /// The shim's config file (host path).
+        config_path: &'a str,
+    },
+    /// containerd's runc v2 shim: `runtime_type = "io.containerd.runc.v2"`,
+    /// `options.BinaryName` = this (runsc, or a wrapper of it).
+    RuncShim {
+        /// The runtime binary (host path).
+        binary: &'a str,
+    },
+}
+
+/// Registers the `runsc` handler (see [`Handler`]; the keys of the other kind are removed, so
+/// switching kinds leaves no stale option) in the containerd config `existing` (`None`: the file does not exist; a
 /// minimal version-2 file is made). Keys already right are not touched, other keys of an
 /// existing `runsc` entry are kept, and applying it twice gives the same text.
 ///
@@ -59,7 +76,7 @@ pub struct Edit {
 pub fn add_runsc_runtime(
     path: &Path,
     existing: Option<&str>,
-    runsc_config: &str,
+    handler: Handler<'_>,
 ) -> Result<Edit, Error> {
     let original = existing.unwrap_or("");
     let mut doc: DocumentMut = original.parse().map_err(|source| Error::Parse {
@@ -127,10 +144,22 @@ pub fn add_runsc_runtime(
         set_str(runc, "runtime_type", RUNC_RUNTIME_TYPE, &mut changed);
     }
     let runsc = sub_table(runtimes, HANDLER, true, &mut at, path, &mut changed)?;
-    set_str(runsc, "runtime_type", RUNSC_RUNTIME_TYPE, &mut changed);
-    let options = sub_table(runsc, "options", true, &mut at, path, &mut changed)?;
-    set_str(options, "TypeUrl", RUNSC_OPTIONS_TYPE_URL, &mut changed);
-    set_str(options, "ConfigPath", runsc_config, &mut changed);
+    match handler {
+        Handler::RunscShim { config_path } => {
+            set_str(runsc, "runtime_type", RUNSC_RUNTIME_TYPE, &mut changed);
+            let options = sub_table(runsc, "options", true, &mut at, path, &mut changed)?;
+            set_str(options, "TypeUrl", RUNSC_OPTIONS_TYPE_URL, &mut changed);
+            set_str(options, "ConfigPath", config_path, &mut changed);
+            remove(options, "BinaryName", &mut changed);
+        }
+        Handler::RuncShim { binary } => {
+            set_str(runsc, "runtime_type", RUNC_RUNTIME_TYPE, &mut changed);
+            let options = sub_table(runsc, "options", true, &mut at, path, &mut changed)?;
+            set_str(options, "BinaryName", binary, &mut changed);
+            remove(options, "TypeUrl", &mut changed);
+            remove(options, "ConfigPath", &mut changed);
+        }
+    }
 
     let text = if changed {
         format!("{prefix}{doc}")
@@ -219,6 +248,30 @@ fn set_str(item: &mut Item, key: &str, val: &str, changed: &mut bool) {
             t.insert(key, toml_edit::value(val));
         }
     }
+}
+
+/// Removes `key` from the table-like `item` when it is there.
+fn remove(item: &mut Item, key: &str, changed: &mut bool) {
+    if let Some(t) = item.as_table_like_mut() {
+        if t.remove(key).is_some() {
+            *changed = true;
+        }
+    }
+}
+
+/// containerd's gRPC socket as its config `text` sets it (`[grpc] address`), else containerd's
+/// default.
+pub fn grpc_address(text: &str) -> String {
+    text.parse::<DocumentMut>()
+        .ok()
+        .and_then(|d| {
+            d.get("grpc")
+                .and_then(|g| g.get("address"))
+                .and_then(Item::as_str)
+                .filter(|a| !a.is_empty())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "/run/containerd/containerd.sock".into())
 }
 
 /// The config of gVisor's shim for containerd's `runsc` handler (`ConfigPath` points here):

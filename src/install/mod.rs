@@ -20,14 +20,16 @@ pub mod containerd;
 pub mod host;
 mod options;
 mod plan;
+mod reexec;
 mod restart;
 mod runsc;
 
 use std::path::PathBuf;
 
 use host::HostRoot;
-pub use options::{InstallOpts, Report};
+pub use options::{InstallOpts, Report, RestartMode, RuntimeMode};
 use plan::Plan;
+pub use reexec::{exec_in_host, ExecArgs};
 
 /// The restart command used by the DaemonSet: containerd's unit, in the host's namespaces
 /// (the pod has `hostPID: true`, so pid 1 is the host's init).
@@ -134,6 +136,19 @@ pub enum Error {
         /// Its exit status.
         status: String,
     },
+    /// `--restart-mode reexec` will not restart this containerd (nothing was stopped).
+    #[error("containerd not restarted: {reason} (the next install retries the restart)")]
+    ReexecRefused {
+        /// Why.
+        reason: String,
+    },
+    /// `--restart-mode reexec` stopped containerd but could not start it again, or the new
+    /// one did not answer in time.
+    #[error("containerd restart in place failed: {reason}")]
+    ReexecFailed {
+        /// What went wrong.
+        reason: String,
+    },
     /// The restart command did not finish in time (it was killed).
     #[error(
         "restart command `{cmd}` did not finish within {secs} s (the next install retries it)"
@@ -162,6 +177,9 @@ fn install_with(opts: &InstallOpts, echo: bool) -> Result<Report, Error> {
     for p in [&opts.bin_dir, &opts.containerd_config, &opts.runsc_config] {
         host::check_host_path(p)?;
     }
+    if let Some(p) = &opts.containerd_pid_file {
+        host::check_host_path(p)?;
+    }
     let host = HostRoot::new(&opts.host_root)?;
     let mut report = Report::new(echo, opts.dry_run);
     if opts.dry_run {
@@ -175,15 +193,25 @@ fn install_with(opts: &InstallOpts, echo: bool) -> Result<Report, Error> {
     // memory, so a bad path or an unsupported config stops the install before it changes
     // anything on the node.
     let plan = Plan::new(opts, &host)?;
+    report.line(match plan.runtime {
+        RuntimeMode::RunscShim => "runsc handler: gVisor's shim (io.containerd.runsc.v1)".into(),
+        _ => format!(
+            "runsc handler: containerd's runc v2 shim running {}",
+            opts.runc_binary
+                .as_deref()
+                .unwrap_or(&opts.bin_dir.join("runsc"))
+                .display()
+        ),
+    });
 
     // 1. Binaries, before any config names them.
     runsc::install_binaries(&plan.binaries, opts, &mut report)?;
     // 2. The shim's config.
-    configs::write_shim_config(&plan.shim_config, opts, &mut report)?;
+    configs::write_shim_config(plan.shim_config.as_ref(), opts, &mut report)?;
     // 3. containerd's config.
     configs::write_containerd_config(&plan.containerd, plan.restart, opts, &mut report)?;
     // 4. Restart only when the config changed (or a failed restart is still owed).
-    restart::restart_if_owed(&plan.containerd, plan.restart, opts, &mut report)?;
+    restart::restart_if_owed(&plan.containerd, plan.restart, opts, &host, &mut report)?;
     Ok(report)
 }
 

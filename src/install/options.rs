@@ -27,9 +27,30 @@ pub struct InstallOpts {
     /// The shim's config file on the host (the handler's `ConfigPath`).
     #[arg(long, default_value = "/etc/containerd/runsc.toml")]
     pub runsc_config: PathBuf,
-    /// Run through `sh -c` when containerd's config changed; empty never restarts.
+    /// How containerd runs runsc for the `runsc` handler: `runsc-shim` (gVisor's
+    /// `containerd-shim-runsc-v1`, `io.containerd.runsc.v1`), `runc-shim` (containerd's runc v2
+    /// shim with `--runc-binary` as its runtime binary) or `auto`: the runsc shim when the
+    /// image ships it, else the runc shim.
+    #[arg(long, value_enum, default_value_t = RuntimeMode::Auto)]
+    pub runtime: RuntimeMode,
+    /// With the runc shim: the binary it runs in runc's place (the handler's `BinaryName`, a
+    /// host path). Default: runsc in `--bin-dir`.
+    #[arg(long)]
+    pub runc_binary: Option<PathBuf>,
+    /// How containerd is restarted when its config changed: `command` runs `--restart-cmd`
+    /// (for a containerd that a service manager runs); `reexec` restarts the one containerd
+    /// process serving `--containerd-config` in place (for a containerd started by a script,
+    /// with no service manager; it refuses one that systemd runs).
+    #[arg(long, value_enum, default_value_t = RestartMode::Command)]
+    pub restart_mode: RestartMode,
+    /// Run through `sh -c` when containerd's config changed (`--restart-mode command`); empty
+    /// never restarts.
     #[arg(long, default_value = DEFAULT_RESTART_CMD, allow_hyphen_values = true)]
     pub restart_cmd: String,
+    /// With `--restart-mode reexec`: a file holding containerd's pid (host path), rewritten
+    /// with the new pid when it held the old one.
+    #[arg(long)]
+    pub containerd_pid_file: Option<PathBuf>,
     /// How long the restart command may take, in seconds.
     #[arg(long, default_value_t = 120)]
     pub restart_timeout_secs: u64,
@@ -50,12 +71,40 @@ impl Default for InstallOpts {
             bin_dir: "/usr/local/bin".into(),
             containerd_config: "/etc/containerd/config.toml".into(),
             runsc_config: "/etc/containerd/runsc.toml".into(),
+            runtime: RuntimeMode::Auto,
+            runc_binary: None,
+            restart_mode: RestartMode::Command,
             restart_cmd: DEFAULT_RESTART_CMD.into(),
+            containerd_pid_file: None,
             restart_timeout_secs: 120,
             runsc_platform: None,
             dry_run: false,
         }
     }
+}
+
+/// How containerd runs runsc for the `runsc` handler (`--runtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeMode {
+    /// The runsc shim when the image ships it, else the runc shim.
+    Auto,
+    /// gVisor's `containerd-shim-runsc-v1` (`io.containerd.runsc.v1`), configured by
+    /// `--runsc-config`: what gVisor supports for pods.
+    RunscShim,
+    /// containerd's runc v2 shim running `--runc-binary` as its runtime: for nodes without
+    /// gVisor's shim (Debian ships none). runsc alone under the runc shim runs single-container
+    /// tasks; a pod's app containers need a wrapper (see `daemonset/overlays/k1`).
+    RuncShim,
+}
+
+/// How containerd is restarted after its config changed (`--restart-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartMode {
+    /// `--restart-cmd` through `sh -c` (default: `systemctl restart containerd` on the host).
+    Command,
+    /// The containerd process serving `--containerd-config` is stopped and started again with
+    /// the same command line, environment, namespaces, cgroups and output files.
+    Reexec,
 }
 
 /// What an install did (with `--dry-run`: would do).

@@ -3,21 +3,25 @@
 
 use std::path::{Path, PathBuf};
 
-use super::containerd::{self, Edit};
+use super::containerd::{self, Edit, Handler};
 use super::host::{self, HostRoot};
 use super::runsc::BinaryPlan;
-use super::{Error, InstallOpts, BACKUP_SUFFIX, PENDING_SUFFIX};
+use super::{Error, InstallOpts, RestartMode, RuntimeMode, BACKUP_SUFFIX, PENDING_SUFFIX};
 
 /// What an install will do, worked out so that a bad path or an unsupported config stops the
 /// install before it changes anything.
 pub(super) struct Plan {
-    /// The binaries to put in `--bin-dir`: runsc, and the shim when the image ships it.
+    /// `--runtime` with `auto` decided: how containerd runs runsc.
+    pub runtime: RuntimeMode,
+    /// The binaries to put in `--bin-dir`: runsc, and the shim when the image ships it and
+    /// the handler uses it.
     pub binaries: Vec<BinaryPlan>,
-    /// The shim's config file.
-    pub shim_config: ShimConfigPlan,
+    /// The shim's config file (with the runsc shim only).
+    pub shim_config: Option<ShimConfigPlan>,
     /// containerd's config file.
     pub containerd: ContainerdPlan,
-    /// A restart command was given (`--restart-cmd` is not blank).
+    /// containerd is restarted when its config changed (`--restart-mode reexec`, or a
+    /// `--restart-cmd` that is not blank).
     pub restart: bool,
 }
 
@@ -55,13 +59,19 @@ pub(super) struct ContainerdPlan {
 impl Plan {
     /// Plans the install of `opts` on `host`, reading but writing nothing.
     pub fn new(opts: &InstallOpts, host: &HostRoot) -> Result<Self, Error> {
+        let shipped_shim = opts.shim_src.is_file();
+        let runtime = match opts.runtime {
+            RuntimeMode::Auto if shipped_shim => RuntimeMode::RunscShim,
+            RuntimeMode::Auto => RuntimeMode::RuncShim,
+            m => m,
+        };
         let mut binaries = vec![BinaryPlan::new(
             host,
             "runsc",
             &opts.runsc_src,
             &opts.bin_dir,
         )?];
-        if opts.shim_src.is_file() {
+        if shipped_shim && runtime == RuntimeMode::RunscShim {
             binaries.push(BinaryPlan::new(
                 host,
                 "containerd-shim-runsc-v1",
@@ -70,22 +80,45 @@ impl Plan {
             )?);
         }
         let runsc_dest = opts.bin_dir.join("runsc");
-        let text = containerd::runsc_toml(utf8(&runsc_dest)?, opts.runsc_platform.as_deref());
-        let real = host.resolve(&opts.runsc_config)?;
-        let same = host::read_if_exists(&real)?.as_deref() == Some(text.as_bytes());
-        let shim_config = ShimConfigPlan { text, real, same };
-        let containerd = ContainerdPlan::new(opts, host)?;
+        let shim_config = match runtime {
+            RuntimeMode::RunscShim => {
+                let text =
+                    containerd::runsc_toml(utf8(&runsc_dest)?, opts.runsc_platform.as_deref());
+                let real = host.resolve(&opts.runsc_config)?;
+                let same = host::read_if_exists(&real)?.as_deref() == Some(text.as_bytes());
+                Some(ShimConfigPlan { text, real, same })
+            }
+            _ => None,
+        };
+        let runc_binary = match &opts.runc_binary {
+            Some(b) => {
+                host::check_host_path(b)?;
+                b.clone()
+            }
+            None => runsc_dest,
+        };
+        let handler = match runtime {
+            RuntimeMode::RunscShim => Handler::RunscShim {
+                config_path: utf8(&opts.runsc_config)?,
+            },
+            _ => Handler::RuncShim {
+                binary: utf8(&runc_binary)?,
+            },
+        };
+        let containerd = ContainerdPlan::new(opts, host, handler)?;
         Ok(Self {
+            runtime,
             binaries,
             shim_config,
             containerd,
-            restart: !opts.restart_cmd.trim().is_empty(),
+            restart: opts.restart_mode == RestartMode::Reexec
+                || !opts.restart_cmd.trim().is_empty(),
         })
     }
 }
 
 impl ContainerdPlan {
-    fn new(opts: &InstallOpts, host: &HostRoot) -> Result<Self, Error> {
+    fn new(opts: &InstallOpts, host: &HostRoot, handler: Handler<'_>) -> Result<Self, Error> {
         let real = host.resolve(&opts.containerd_config)?;
         let old = match host::read_if_exists(&real)? {
             Some(b) => Some(String::from_utf8(b).map_err(|_| Error::NotUtf8 {
@@ -93,11 +126,7 @@ impl ContainerdPlan {
             })?),
             None => None,
         };
-        let edit = containerd::add_runsc_runtime(
-            &opts.containerd_config,
-            old.as_deref(),
-            utf8(&opts.runsc_config)?,
-        )?;
+        let edit = containerd::add_runsc_runtime(&opts.containerd_config, old.as_deref(), handler)?;
         let changed = old.as_deref() != Some(edit.text.as_str());
         let backup_host = with_suffix(&opts.containerd_config, BACKUP_SUFFIX);
         let backup_real = host.resolve(&backup_host)?;

@@ -1,21 +1,30 @@
-//! Step 4 of the install: containerd restarted (`--restart-cmd`, through `sh -c`, within
-//! `--restart-timeout-secs`) only when its config changed or an earlier run's restart is still
-//! owed; the marker of an owed restart goes once the restart succeeds.
+//! Step 4 of the install: containerd restarted only when its config changed or an earlier
+//! run's restart is still owed, by `--restart-cmd` through `sh -c` or in place
+//! (`--restart-mode reexec`, [`super::reexec`]), within `--restart-timeout-secs`; the marker of
+//! an owed restart goes once the restart succeeds.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::host;
+use super::host::{self, HostRoot};
 use super::plan::ContainerdPlan;
-use super::{Error, InstallOpts, Report};
+use super::{reexec, Error, InstallOpts, Report, RestartMode};
 
 /// Restarts containerd when `plan` says it must (or says why not).
 pub(super) fn restart_if_owed(
     plan: &ContainerdPlan,
     restart: bool,
     opts: &InstallOpts,
+    host: &HostRoot,
     report: &mut Report,
 ) -> Result<(), Error> {
+    let how = match opts.restart_mode {
+        RestartMode::Command => format!("`{}`", opts.restart_cmd),
+        RestartMode::Reexec => format!(
+            "in place: the containerd serving {}",
+            opts.containerd_config.display()
+        ),
+    };
     if !plan.changed && !plan.pending {
         report.line("containerd: not restarted (config unchanged)");
     } else if !restart {
@@ -24,21 +33,20 @@ pub(super) fn restart_if_owed(
              handler",
         );
     } else if report.dry() {
-        report.line(format!(
-            "containerd: would restart (`{}`)",
-            opts.restart_cmd
-        ));
+        report.line(format!("containerd: would restart ({how})"));
     } else {
         report.line(format!(
-            "containerd: restarting (`{}`){}",
-            opts.restart_cmd,
+            "containerd: restarting ({how}){}",
             if plan.changed {
                 ""
             } else {
                 ", owed by an earlier run whose restart failed"
             }
         ));
-        run_restart(&opts.restart_cmd, opts.restart_timeout_secs)?;
+        match opts.restart_mode {
+            RestartMode::Command => run_restart(&opts.restart_cmd, opts.restart_timeout_secs)?,
+            RestartMode::Reexec => reexec::restart(opts, host, &plan.edit.text, report)?,
+        }
         std::fs::remove_file(&plan.pending_real).map_err(host::io("remove", &plan.pending_real))?;
         report.restarted = true;
         report.line("containerd: restarted");

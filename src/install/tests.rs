@@ -28,6 +28,8 @@ fn scratch(config: Option<&str>) -> Scratch {
         runsc_src: image.join("runsc"),
         shim_src: image.join("containerd-shim-runsc-v1"),
         restart_cmd: format!("echo restart >> {}", marker.display()),
+        // The runsc shim's config, shipped shim or not (`auto` is tested in tests/install.rs).
+        runtime: RuntimeMode::RunscShim,
         ..InstallOpts::default()
     };
     Scratch { dir, opts, marker }
@@ -176,8 +178,9 @@ fn shim_is_copied_when_shipped_and_binaries_only_when_changed() {
     let r = install(&s.opts).unwrap();
     assert_eq!(r.files_changed, 1, "{:?}", r.lines);
     assert!(!r.restarted);
-    assert!(r.lines[0].starts_with("runsc: copied to /usr/local/bin/runsc"));
-    assert!(r.lines[1].starts_with("containerd-shim-runsc-v1: unchanged"));
+    assert!(r.lines[0].starts_with("runsc handler: gVisor's shim"));
+    assert!(r.lines[1].starts_with("runsc: copied to /usr/local/bin/runsc"));
+    assert!(r.lines[2].starts_with("containerd-shim-runsc-v1: unchanged"));
     assert_eq!(restarts(&s), 1);
 }
 

@@ -5,7 +5,11 @@ use super::*;
 const CFG: &str = "/etc/containerd/runsc.toml";
 
 fn edit(existing: Option<&str>) -> Result<Edit, Error> {
-    add_runsc_runtime(Path::new("/etc/containerd/config.toml"), existing, CFG)
+    add_runsc_runtime(
+        Path::new("/etc/containerd/config.toml"),
+        existing,
+        Handler::RunscShim { config_path: CFG },
+    )
 }
 
 /// Parses `text` and returns the runtimes table of its CRI plugin.
@@ -271,4 +275,48 @@ fn runsc_toml_names_the_binary_and_platform() {
     let v: toml::Table = toml::from_str(&t).unwrap();
     assert_eq!(v["runsc_config"]["platform"].as_str(), Some("systrap"));
     assert_eq!(runsc_toml("/x", Some("")), runsc_toml("/x", None));
+}
+
+#[test]
+fn runc_shim_handler_names_the_binary_and_switching_kinds_leaves_no_stale_keys() {
+    let path = Path::new("/etc/containerd/config.toml");
+    let runc = Handler::RuncShim {
+        binary: "/opt/gvisor/runsc-wrapper",
+    };
+    let text = add_runsc_runtime(path, Some(V2), runc).unwrap().text;
+    let r = runtimes(&text);
+    assert_eq!(r["runsc"]["runtime_type"].as_str(), Some(RUNC_RUNTIME_TYPE));
+    assert_eq!(
+        r["runsc"]["options"]["BinaryName"].as_str(),
+        Some("/opt/gvisor/runsc-wrapper")
+    );
+    assert!(r["runsc"]["options"].get("TypeUrl").is_none(), "{text}");
+    assert!(r["runsc"]["options"].get("ConfigPath").is_none(), "{text}");
+    // runc, the default runtime, is untouched.
+    assert_eq!(r["runc"]["runtime_type"].as_str(), Some(RUNC_RUNTIME_TYPE));
+    assert_eq!(
+        add_runsc_runtime(path, Some(&text), runc).unwrap().text,
+        text
+    );
+
+    // Back to gVisor's shim: its keys return and BinaryName goes.
+    let shim = edit(Some(&text)).unwrap().text;
+    assert_runsc(&shim);
+    assert!(runtimes(&shim)["runsc"]["options"]
+        .get("BinaryName")
+        .is_none());
+    assert_idempotent(&shim);
+}
+
+#[test]
+fn grpc_address_is_read_from_the_config_or_defaulted() {
+    assert_eq!(
+        grpc_address("version = 2\n[grpc]\n  address = \"/tmp/k1/containerd.sock\"\n"),
+        "/tmp/k1/containerd.sock"
+    );
+    assert_eq!(grpc_address(V2), "/run/containerd/containerd.sock");
+    assert_eq!(
+        grpc_address("not toml ["),
+        "/run/containerd/containerd.sock"
+    );
 }
