@@ -51,6 +51,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && cp "$(scripts/build-agent)" /out/sandbox-agent
 
 # ---- gVisor: runsc from bookworm-backports (the suite added from the image's own apt source) ----
+# (image/node-backports lists it for scripts/build-node-image, which checks the same version.)
 FROM debian:bookworm-slim AS gvisor
 ARG GVISOR_SHIM_VERSION
 ARG TARGETARCH
@@ -87,12 +88,15 @@ LABEL org.opencontainers.image.ref.name="${IMAGE}" \
       org.opencontainers.image.description="gVisor compute service: node daemon, router, installer, computectl" \
       org.opencontainers.image.licenses="Apache-2.0" \
       io.gvisor.version="20240729"
-# util-linux + mount: nsenter (the installer's containerd restart), mount/losetup;
-# e2fsprogs: mkfs.ext4 for workspace volumes; busybox-static: /bin/busybox, the sandboxes'
-# init helper (init_helper); ca-certificates: registry pulls.
+# The packages are image/node-packages (one a line, `#` comments: what computed runs, such as
+# nsenter, mount, mkfs.ext4, busybox, ip, nft, conntrack, and ca-certificates), the list
+# scripts/build-node-image installs too (the same image without Docker); image/node-backports
+# names what the gvisor stage takes from bookworm-backports. Both stay in the image as the
+# record of what it was built from.
+COPY image/node-packages image/node-backports /usr/local/share/computed/
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-       util-linux mount e2fsprogs busybox-static ca-certificates \
+       $(sed -e 's/#.*//' /usr/local/share/computed/node-packages) \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/computed /out/computectl /usr/local/bin/
 COPY --from=build /out/sandbox-agent /usr/local/bin/

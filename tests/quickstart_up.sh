@@ -17,7 +17,7 @@ tmp=$(mktemp -d)
 printf '#!/bin/sh\n[ "$1" = node ] && exit 3\nexit 0\n' >"$tmp/computed-exits"
 chmod +x "$tmp/computed-exits"
 : >"$tmp/image.tar"
-sha256sum scripts/build-image | cut -d' ' -f1 >"$tmp/image.tar.recipe" # current: not rebuilt
+scripts/image-tar --recipe >"$tmp/image.tar.recipe" # current: not rebuilt
 for bin in /bin/false "$tmp/computed-exits"; do
   CONTAINERD_ADDRESS=$tmp/containerd.sock COMPUTE_CONTAINERD_ROOT=$tmp/root \
     COMPUTE_CONTAINERD_STATE=$tmp/state COMPUTE_IMAGE_TAR=$tmp/image.tar \
