@@ -16,6 +16,8 @@
 #   KEEP_CLUSTER=1     keep the cluster afterwards (default: delete it, also on failure)
 #   IMAGE              image reference (default: the Dockerfile's ARG IMAGE)
 #   SKIP_BUILD=1       use an IMAGE already in the local docker
+#   GVISOR_SHIM_VERSION  the gVisor release whose containerd-shim-runsc-v1 the image ships
+#                      (default 20240729, the runsc the image has)
 #   SANDBOX_TAR        the sandbox image tarball (OCI layout) to import on the node; default: built
 #                      with scripts/build-image inside a debian:bookworm container
 #   E2E_STORAGE_CLASS  set PVC_STORAGE_CLASS on the node daemon (e.g. `local`, plain directories,
@@ -113,7 +115,9 @@ created=1
 
 if [[ $SKIP_BUILD != 1 ]]; then
   log "building $IMAGE"
-  docker build -t "$IMAGE" .
+  # With gVisor's shim: the installer's `--runtime auto` then registers it (the runc shim,
+  # what it picks without one, cannot run a pod's app container under runsc by itself).
+  docker build --build-arg "GVISOR_SHIM_VERSION=${GVISOR_SHIM_VERSION:-20240729}" -t "$IMAGE" .
 fi
 log "loading $IMAGE and $PROBE_IMAGE into the cluster"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
