@@ -95,6 +95,8 @@ host_cleanup() {
   for id in $(runsc --root "$RUN/runsc/compute" list -q 2>/dev/null); do
     runsc --root "$RUN/runsc/compute" delete --force "$id" >/dev/null 2>&1 || true
   done
+  # What runsc could not delete (and every sandbox process whose runsc root is ours).
+  pkill -9 -f -- "--root=$RUN/runsc" 2>/dev/null || true
   pkill -f "fifo-hold $RUN/" 2>/dev/null || true
   awk -v s="$STATE/" -v r="$RUN/" 'index($5, s) == 1 || index($5, r) == 1 {print $5}' \
     /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
@@ -211,11 +213,11 @@ install_log=$(kn logs "$pod" -c install)
 printf '%s\n' "$install_log" | sed 's/^/  install: /' >&2
 grep -q '^runsc handler: containerd.s runc v2 shim running /tmp/k1/gvisor/runsc-wrapper-hostnet' <<<"$install_log" ||
   die "the installer did not choose the runc shim with k1's wrapper"
-grep -q '^containerd: restarted' <<<"$install_log" || die "the installer did not restart containerd"
+grep -q '^containerd: restarting (in place' <<<"$install_log" || die "the installer did not restart containerd"
+# The lines the installer prints after the restart may be missing from its log: containerd
+# copies a container's output, and it was the one restarting. The node shows what happened.
 new_pid=$(cat "$K1/containerd.pid")
 [[ $new_pid != "$k1_pid" ]] || die "k1's containerd pid file still holds $k1_pid"
-grep -q "^containerd: pid file /tmp/k1/containerd.pid now holds $new_pid" <<<"$install_log" ||
-  die "the installer's pid ($new_pid) is not in its log"
 [[ $(tr '\0' ' ' <"/proc/$new_pid/cmdline") == "/usr/bin/containerd --config $cfg " ]] ||
   die "pid $new_pid is not k1's containerd"
 ! kill -0 "$k1_pid" 2>/dev/null || die "the old containerd $k1_pid still runs"
