@@ -14,6 +14,10 @@
 //! * overlays: what each overlay changes, read from `kubectl kustomize` into k8s-openapi types
 //!   (the production node config loads with the real loader and keeps every base setting, TLS
 //!   files are in the mounted Secrets, the router's flags are accepted by the binary).
+//! * overlays/k1 (the one `tests/k1/run.sh` deploys): every object, its `policy/v1beta1`
+//!   PodDisruptionBudget included, taken by 1.20; the installer's args parse and name k1's
+//!   containerd (reexec, runc shim, its pid file), never the host's paths; the node config loads,
+//!   its state and runtime dirs are Bidirectional hostPaths at the same path and its own.
 //! * rbac: the router's own ServiceAccount token (TokenRequest) and the RBAC of `daemonset/`,
 //!   applied for real: SelfSubjectAccessReviews say it may read pods in its namespace (and
 //!   Nodes, with the watch-nodes component) and nothing else (no secrets, no pod writes, no node
@@ -391,6 +395,9 @@ fn kubernetes_for_real() {
         manifests_dry_run(&cluster)
     });
     run("overlays", &mut || overlays(&cluster));
+    run("overlays/k1 applies whole on 1.20", &mut || {
+        k1_overlay(&cluster)
+    });
     // Everything below authenticates as the router: its RBAC must be in place (base first).
     let router_kubeconfig = rt.block_on(router_identity(&cluster));
     run("rbac: the base's Role is enough and no more", &mut || {
@@ -573,6 +580,113 @@ fn manifests_dry_run(c: &Cluster) {
 
 // ---------------------------------------------------------------------------------------------
 // Overlays.
+
+/// The overlay of the k1 cluster (`tests/k1/run.sh` deploys it for real): every object, the
+/// PodDisruptionBudget included, is taken by a 1.20 API server; the installer's args parse with
+/// its own flags and point at k1's containerd, never the host's; the node config loads and
+/// every host path the daemon hands containerd is mounted at itself.
+fn k1_overlay(c: &Cluster) {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Sub,
+    }
+    #[derive(clap::Subcommand)]
+    enum Sub {
+        Install(computed::install::InstallOpts),
+    }
+    let objs = c.render("overlays/k1");
+    let want: BTreeSet<String> = objs.iter().map(kubectl_name).collect();
+    let out = c.kubectl(
+        &[&DRY_RUN[..], &["-k", "daemonset/overlays/k1", "-o", "name"]].concat(),
+        None,
+    );
+    let applied: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .collect();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(applied, want);
+    let pdb = one(&objs, "PodDisruptionBudget", "computed-router");
+    assert_eq!(pdb["apiVersion"].as_str(), Some("policy/v1beta1"));
+
+    let ds: DaemonSet = typed(one(&objs, "DaemonSet", "computed-node"));
+    let spec = ds.spec.unwrap().template.spec.unwrap();
+    let init = &spec.init_containers.as_ref().unwrap()[0];
+    let argv = std::iter::once("computed".to_string()).chain(init.args.clone().unwrap());
+    let Cli {
+        cmd: Sub::Install(opts),
+    } = <Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("init args: {e}"));
+    assert_eq!(
+        opts.containerd_config,
+        Path::new("/tmp/k1/containerd/config.toml")
+    );
+    assert_eq!(opts.restart_mode, computed::install::RestartMode::Reexec);
+    assert_eq!(opts.runtime, computed::install::RuntimeMode::RuncShim);
+    assert_eq!(
+        opts.containerd_pid_file.as_deref(),
+        Some(Path::new("/tmp/k1/containerd.pid"))
+    );
+    for p in [&opts.bin_dir, &opts.runsc_config] {
+        assert!(
+            !p.starts_with("/usr") && !p.starts_with("/etc"),
+            "{}",
+            p.display()
+        );
+    }
+
+    let cm: ConfigMap = typed(one(&objs, "ConfigMap", "computed-node-config"));
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("config.toml");
+    std::fs::write(&f, &cm.data.as_ref().unwrap()["config.toml"]).unwrap();
+    let cfg = computed::config::Config::load(Some(&f)).unwrap();
+    assert_eq!(cfg.runsc_path, opts.bin_dir.join("runsc"));
+    assert_eq!(cfg.cgroup_parent, "compute-k1");
+    let nc = container(&spec, "computed");
+    let host_path = |mount: &str| -> (String, Option<String>) {
+        let m = nc
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == mount)
+            .unwrap_or_else(|| panic!("{mount} is not mounted"));
+        let v = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == m.name)
+            .unwrap();
+        (
+            v.host_path.as_ref().unwrap().path.clone(),
+            m.mount_propagation.clone(),
+        )
+    };
+    for dir in [&cfg.state_dir, &cfg.run_dir] {
+        let d = dir.to_str().unwrap();
+        assert!(d.ends_with("-k1"), "{d}: shared with another daemon");
+        assert_eq!(host_path(d), (d.to_string(), Some("Bidirectional".into())));
+    }
+    assert!(cfg.runsc_path.starts_with(&cfg.state_dir));
+    assert!(cfg.socket.starts_with(&cfg.run_dir));
+    // containerd's socket: k1's directory, whatever path the pod sees it at.
+    let addr = nc
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "CONTAINERD_ADDRESS")
+        .and_then(|e| e.value.clone())
+        .unwrap();
+    let sock = Path::new(&addr);
+    assert_eq!(sock.file_name().unwrap(), "containerd.sock");
+    assert_eq!(
+        host_path(sock.parent().unwrap().to_str().unwrap()).0,
+        "/tmp/k1"
+    );
+}
 
 fn config_table(cm: &ConfigMap) -> toml::Table {
     let text = &cm.data.as_ref().unwrap()["config.toml"];
