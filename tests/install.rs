@@ -430,12 +430,66 @@ case "$1" in
 esac
 "#;
 
-/// The private containerd; stopped (and reaped) on drop, also when the test fails.
+/// The private containerd; stopped (and reaped) on drop, also when the test fails, and then
+/// its scratch dir removed.
 struct Private {
     dir: PathBuf,
+    _tmp: tempfile::TempDir,
 }
 
 impl Private {
+    /// A scratch dir (`prefix`…) with a host root whose containerd config (returned as it was
+    /// written) keeps everything under the dir, `ctl.sh`, an "image" with a fake runsc, and a
+    /// containerd started from that config by `ctl.sh`. Orphans become this process's
+    /// children (containerd is started by shell scripts that exit), to reap.
+    fn start(prefix: &str) -> (Self, String) {
+        nix::sys::prctl::set_child_subreaper(true).unwrap();
+        let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+        let d = tmp.path().to_path_buf();
+        let cfg = d.join("host/etc/containerd/config.toml");
+        std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+        // Everything containerd writes stays under `d` (the opt plugin would make /opt/containerd).
+        let original = format!(
+            r#"# a private containerd for tests/install.rs; the CRI plugin is on, with its defaults
+version = 2
+root = "{d}/root"
+state = "{d}/state"
+
+[grpc]
+  address = "{d}/c.sock"
+[ttrpc]
+  address = "{d}/c.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+"#,
+            d = d.display()
+        );
+        std::fs::write(&cfg, &original).unwrap();
+        std::fs::write(
+            d.join("ctl.sh"),
+            CTL.replace("__DIR__", &format!("'{}'", d.display())),
+        )
+        .unwrap();
+        let image = d.join("image");
+        std::fs::create_dir_all(&image).unwrap();
+        std::fs::write(image.join("runsc"), FAKE_RUNSC).unwrap();
+
+        let private = Private { dir: d, _tmp: tmp };
+        let o = private.ctl("start");
+        assert!(
+            o.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            private.log()
+        );
+        (private, original)
+    }
+
     fn ctl(&self, verb: &str) -> Output {
         Command::new("sh")
             .arg(self.dir.join("ctl.sh"))
@@ -512,52 +566,12 @@ fn restarts_a_real_containerd_that_takes_the_edited_config() {
     if !real_containerd_prerequisites() {
         return;
     }
-    // containerd is started by shell scripts that exit: make its orphans ours, to reap.
-    nix::sys::prctl::set_child_subreaper(true).unwrap();
-    let tmp = tempfile::Builder::new()
-        .prefix("computed-install-ctrd-")
-        .tempdir()
-        .unwrap();
-    let d = tmp.path().to_path_buf();
+    let (private, original) = Private::start("computed-install-ctrd-");
+    let d = private.dir.clone();
     let root = d.join("host");
     let cfg = root.join("etc/containerd/config.toml");
-    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
-    // Everything containerd writes stays under `d` (the opt plugin would make /opt/containerd).
-    let original = format!(
-        r#"# a private containerd for tests/install.rs; the CRI plugin is on, with its defaults
-version = 2
-root = "{d}/root"
-state = "{d}/state"
-
-[grpc]
-  address = "{d}/c.sock"
-[ttrpc]
-  address = "{d}/c.sock.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-"#,
-        d = d.display()
-    );
-    std::fs::write(&cfg, &original).unwrap();
     let ctl = d.join("ctl.sh");
-    std::fs::write(&ctl, CTL.replace("__DIR__", &format!("'{}'", d.display()))).unwrap();
     let image = d.join("image");
-    std::fs::create_dir_all(&image).unwrap();
-    std::fs::write(image.join("runsc"), FAKE_RUNSC).unwrap();
-
-    let private = Private { dir: d.clone() };
-    let o = private.ctl("start");
-    assert!(
-        o.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        private.log()
-    );
     let first = private.pid().expect("pid of the private containerd");
     assert_eq!(private.cri_status(), "ok", "{}", private.log());
 
@@ -760,47 +774,13 @@ fn reexec_restarts_a_script_started_containerd_in_place() {
     if !real_containerd_prerequisites() {
         return;
     }
-    nix::sys::prctl::set_child_subreaper(true).unwrap();
-    let tmp = tempfile::Builder::new()
-        .prefix("computed-install-reexec-")
-        .tempdir()
-        .unwrap();
-    let d = tmp.path().to_path_buf();
     // The host is this machine (host root /): the config, binaries and pid file are real
     // paths in the scratch dir.
+    let (private, original) = Private::start("computed-install-reexec-");
+    let d = private.dir.clone();
     let root = d.join("host");
     let cfg = root.join("etc/containerd/config.toml");
-    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
-    let original = format!(
-        r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/c.sock"
-[ttrpc]
-  address = "{d}/c.sock.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-"#,
-        d = d.display()
-    );
-    std::fs::write(&cfg, &original).unwrap();
-    std::fs::write(
-        d.join("ctl.sh"),
-        CTL.replace("__DIR__", &format!("'{}'", d.display())),
-    )
-    .unwrap();
     let image = d.join("image");
-    std::fs::create_dir_all(&image).unwrap();
-    std::fs::write(image.join("runsc"), FAKE_RUNSC).unwrap();
-
-    let private = Private { dir: d.clone() };
-    let o = private.ctl("start");
-    assert!(o.status.success(), "{}", private.log());
     let first = private.pid().unwrap();
     let cg = TestCgroup::new(&format!("computed-reexec-{}", std::process::id()));
     cg.add(first);

@@ -586,15 +586,6 @@ fn manifests_dry_run(c: &Cluster) {
 /// its own flags and point at k1's containerd, never the host's; the node config loads and
 /// every host path the daemon hands containerd is mounted at itself.
 fn k1_overlay(c: &Cluster) {
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: Sub,
-    }
-    #[derive(clap::Subcommand)]
-    enum Sub {
-        Install(computed::install::InstallOpts),
-    }
     let objs = c.render("overlays/k1");
     let want: BTreeSet<String> = objs.iter().map(kubectl_name).collect();
     let out = c.kubectl(
@@ -617,10 +608,7 @@ fn k1_overlay(c: &Cluster) {
     let ds: DaemonSet = typed(one(&objs, "DaemonSet", "computed-node"));
     let spec = ds.spec.unwrap().template.spec.unwrap();
     let init = &spec.init_containers.as_ref().unwrap()[0];
-    let argv = std::iter::once("computed".to_string()).chain(init.args.clone().unwrap());
-    let Cli {
-        cmd: Sub::Install(opts),
-    } = <Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("init args: {e}"));
+    let opts = common::install_opts_of(&init.args.clone().unwrap());
     assert_eq!(
         opts.containerd_config,
         Path::new("/tmp/k1/containerd/config.toml")
@@ -640,10 +628,7 @@ fn k1_overlay(c: &Cluster) {
     }
 
     let cm: ConfigMap = typed(one(&objs, "ConfigMap", "computed-node-config"));
-    let tmp = tempfile::tempdir().unwrap();
-    let f = tmp.path().join("config.toml");
-    std::fs::write(&f, &cm.data.as_ref().unwrap()["config.toml"]).unwrap();
-    let cfg = computed::config::Config::load(Some(&f)).unwrap();
+    let cfg = node_config(&cm, "overlays/k1");
     assert_eq!(cfg.runsc_path, opts.bin_dir.join("runsc"));
     assert_eq!(cfg.cgroup_parent, "compute-k1");
     let nc = container(&spec, "computed");
@@ -688,6 +673,14 @@ fn k1_overlay(c: &Cluster) {
     );
 }
 
+/// The node config of a rendered overlay's ConfigMap, loaded with the daemon's own loader.
+fn node_config(cm: &ConfigMap, dir: &str) -> computed::config::Config {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("config.toml");
+    std::fs::write(&f, &cm.data.as_ref().unwrap()["config.toml"]).unwrap();
+    computed::config::Config::load(Some(&f)).unwrap_or_else(|e| panic!("{dir}: {e}"))
+}
+
 fn config_table(cm: &ConfigMap) -> toml::Table {
     let text = &cm.data.as_ref().unwrap()["config.toml"];
     toml::from_str(text).unwrap_or_else(|e| panic!("config.toml: {e}"))
@@ -713,10 +706,7 @@ fn overlays(c: &Cluster) {
 
         // The node config loads with the real loader, in every overlay.
         let cm: ConfigMap = typed(one(objs, "ConfigMap", "computed-node-config"));
-        let tmp = tempfile::tempdir().unwrap();
-        let f = tmp.path().join("config.toml");
-        std::fs::write(&f, &cm.data.as_ref().unwrap()["config.toml"]).unwrap();
-        let cfg = computed::config::Config::load(Some(&f)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        let cfg = node_config(&cm, dir);
         // Every base setting is kept (a ConfigMap key is replaced whole by an overlay).
         let table = config_table(&cm);
         for (k, v) in &base_cfg {

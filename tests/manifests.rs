@@ -12,7 +12,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
 use common::router::{assert_router_args_accepted, flag};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
@@ -239,34 +238,12 @@ fn node_grpc_port(o: &Objects) -> i32 {
         .container_port
 }
 
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Sub,
-}
-
-#[derive(clap::Subcommand)]
-enum Sub {
-    Install(computed::install::InstallOpts),
-}
-
 /// The init container's args parsed with the installer's own flags.
 fn install_opts(o: &Objects) -> computed::install::InstallOpts {
     let spec = pod_spec(template_of_ds(daemon_set(o)));
     let init = spec.init_containers.as_ref().expect("no init container");
     assert_eq!(init.len(), 1);
-    let args = init[0].args.clone().unwrap_or_default();
-    assert_eq!(
-        args.first().map(String::as_str),
-        Some("install"),
-        "the init container must run `computed install`: {args:?}"
-    );
-    let argv = std::iter::once("computed".to_string()).chain(args);
-    match Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("init args: {e}")) {
-        Cli {
-            cmd: Sub::Install(opts),
-        } => opts,
-    }
+    common::install_opts_of(&init[0].args.clone().unwrap_or_default())
 }
 
 #[test]

@@ -103,15 +103,7 @@ out=$(grpcurl -plaintext \
   }' \
   localhost:50051 \
   compute.v1.ComputeService/ExecCommand)
-stdout=$(python3 -c '
-import json, sys, base64
-dec = json.JSONDecoder(); s = sys.stdin.read(); i = 0; out = b""
-while True:
-    while i < len(s) and s[i].isspace(): i += 1
-    if i >= len(s): break
-    obj, i = dec.raw_decode(s, i)
-    if "stdout" in obj: out += base64.b64decode(obj["stdout"]["data"])
-print(out.decode(), end="")' <<<"$out")
+stdout=$(python3 tests/lib/exec_stdout.py <<<"$out")
 [[ $stdout == "sandbox-$short"$'\n'"84" ]]; check "exec prints sandbox-$short and 84" $?
 grep -q '"completed"' <<<"$out" && grep -q '"cpuMs"' <<<"$out" && grep -q '"memoryPeakBytes"' <<<"$out"
 check "completed carries usage" $?

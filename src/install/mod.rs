@@ -197,10 +197,7 @@ fn install_with(opts: &InstallOpts, echo: bool) -> Result<Report, Error> {
         RuntimeMode::RunscShim => "runsc handler: gVisor's shim (io.containerd.runsc.v1)".into(),
         _ => format!(
             "runsc handler: containerd's runc v2 shim running {}",
-            opts.runc_binary
-                .as_deref()
-                .unwrap_or(&opts.bin_dir.join("runsc"))
-                .display()
+            plan.runc_binary.display()
         ),
     });
 

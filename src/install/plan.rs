@@ -13,6 +13,8 @@ use super::{Error, InstallOpts, RestartMode, RuntimeMode, BACKUP_SUFFIX, PENDING
 pub(super) struct Plan {
     /// `--runtime` with `auto` decided: how containerd runs runsc.
     pub runtime: RuntimeMode,
+    /// The runc shim's runtime binary (`--runc-binary`, else runsc in `--bin-dir`).
+    pub runc_binary: PathBuf,
     /// The binaries to put in `--bin-dir`: runsc, and the shim when the image ships it and
     /// the handler uses it.
     pub binaries: Vec<BinaryPlan>,
@@ -108,6 +110,7 @@ impl Plan {
         let containerd = ContainerdPlan::new(opts, host, handler)?;
         Ok(Self {
             runtime,
+            runc_binary,
             binaries,
             shim_config,
             containerd,

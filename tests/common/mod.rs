@@ -1020,3 +1020,28 @@ pub async fn exec_only_sandbox(root: &Channel, ns: &str) -> String {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The installer's options from an init container's `args` (`install …`), parsed with
+/// `computed install`'s own flags (tests/manifests.rs, tests/kube_real.rs).
+pub fn install_opts_of(args: &[String]) -> computed::install::InstallOpts {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Sub,
+    }
+    #[derive(clap::Subcommand)]
+    enum Sub {
+        Install(computed::install::InstallOpts),
+    }
+    assert_eq!(
+        args.first().map(String::as_str),
+        Some("install"),
+        "the init container must run `computed install`: {args:?}"
+    );
+    let argv = std::iter::once("computed".to_string()).chain(args.iter().cloned());
+    match <Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("init args: {e}")) {
+        Cli {
+            cmd: Sub::Install(opts),
+        } => opts,
+    }
+}

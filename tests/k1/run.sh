@@ -285,17 +285,7 @@ g() { # g METHOD [JSON]: grpcurl from the client pod to the router's Service
   fi
 }
 field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
-exec_stdout() { # the stdout bytes of an ExecCommand's stream of JSON messages
-  python3 -c '
-import json, sys, base64
-dec = json.JSONDecoder(); s = sys.stdin.read(); i = 0; out = b""
-while True:
-    while i < len(s) and s[i].isspace(): i += 1
-    if i >= len(s): break
-    obj, i = dec.raw_decode(s, i)
-    if "stdout" in obj: out += base64.b64decode(obj["stdout"]["data"])
-print(out.decode(), end="")'
-}
+exec_stdout() { python3 tests/lib/exec_stdout.py; } # an ExecCommand stream's stdout bytes
 
 for _ in $(seq 1 30); do
   g grpc.health.v1.Health/Check 2>/dev/null | grep -q '"status": "SERVING"' && break

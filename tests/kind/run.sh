@@ -257,15 +257,7 @@ out=$(grpcurl -plaintext \
   }' \
   "$addr" \
   compute.v1.ComputeService/ExecCommand)
-stdout=$(python3 -c '
-import json, sys, base64
-dec = json.JSONDecoder(); s = sys.stdin.read(); i = 0; out = b""
-while True:
-    while i < len(s) and s[i].isspace(): i += 1
-    if i >= len(s): break
-    obj, i = dec.raw_decode(s, i)
-    if "stdout" in obj: out += base64.b64decode(obj["stdout"]["data"])
-print(out.decode(), end="")' <<<"$out")
+stdout=$(python3 tests/lib/exec_stdout.py <<<"$out")
 [[ $(tail -n 1 <<<"$stdout") == 84 ]] || die "exec printed: $stdout ($out)"
 { grep -q '"completed"' <<<"$out" && grep -q '"cpuMs"' <<<"$out"; } || die "exec usage: $out"
 log "ok   exec prints $(head -n 1 <<<"$stdout") and 84, with usage"
