@@ -274,10 +274,12 @@ pub struct EgressConfig {
     /// application connects a moment after it resolves).
     #[serde(default = "default_dns_min_ttl")]
     pub dns_min_ttl_secs: u32,
-    /// Suspend sandboxes with a network too. Off by default: runsc 20240729's restore brings
-    /// a sandbox back without its network interface, so SuspendSandbox refuses them; turn it
-    /// on for a runsc whose restore keeps it (checked: `computectl doctor`).
-    #[serde(default)]
+    /// Suspend sandboxes with a network too (the default). Their namespace, veth, address,
+    /// elements and grants stay while suspended, and the restore takes the same interface
+    /// again; their open connections are cut at the checkpoint (`--net-disconnect-ok`).
+    /// Never with `runsc_network = "host"` (runsc cannot checkpoint host sockets); false keeps
+    /// every sandbox with a network resident (checked: `computectl doctor`).
+    #[serde(default = "default_true")]
     pub suspend_with_network: bool,
     /// runsc's platform for sandboxes with a network ("" = the node's `runsc_platform`).
     /// systrap moved TCP 1.4-1.9x faster than ptrace here, and starts processes 2x slower.
@@ -440,6 +442,10 @@ fn default_forward_auth_cache_entries() -> u32 {
     10_000
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_runsc_network() -> String {
     "sandbox".into()
 }
@@ -480,7 +486,7 @@ impl Default for EgressConfig {
             dns_port: default_dns_port(),
             proxy_port: default_proxy_port(),
             dns_min_ttl_secs: default_dns_min_ttl(),
-            suspend_with_network: false,
+            suspend_with_network: true,
             runsc_platform: String::new(),
             runsc_network: default_runsc_network(),
             bootstrap_secs: default_bootstrap_secs(),
@@ -646,13 +652,6 @@ impl Config {
                     "[egress]: runsc_network {:?} is not sandbox or host",
                     e.runsc_network
                 ));
-            }
-            if e.runsc_network == "host" && e.suspend_with_network {
-                return bad(
-                    "[egress]: suspend_with_network needs runsc_network = \"sandbox\" \
-                     (runsc cannot checkpoint the host's sockets)"
-                        .into(),
-                );
             }
             if e.dns_port == 0 || e.proxy_port == 0 || e.dns_port == e.proxy_port {
                 return bad(format!(

@@ -31,6 +31,9 @@ const AGENT_HELLO_WAIT: Duration = Duration::from_secs(3);
 /// The size of the pipe from the agent (kernel memory, taken as it fills).
 const AGENT_PIPE_BYTES: i32 = 1 << 20;
 
+/// The file beside an agent's FIFOs that keeps the capabilities of its Hello, one per line.
+const CAPABILITIES_FILE: &str = "capabilities";
+
 impl Node {
     fn agent_dir(&self, id: &str) -> PathBuf {
         self.config().run_dir.join("agents").join(id)
@@ -247,10 +250,23 @@ impl Node {
             });
             w
         });
+        // The agent says Hello once, when it starts: what it said is kept beside its FIFOs, so
+        // that a daemon restarted meanwhile knows its capabilities again (interactive execs:
+        // without them every exec with stdin would go through containerd).
+        let said = dir.join(CAPABILITIES_FILE);
         if reattach {
             if let Some(a) = attach.take() {
-                info!(sandbox_id = %sb.id, "agent re-attached after restart");
-                worker = Some(a(hello(sb)));
+                let mut h = hello(sb);
+                h.capabilities = tokio::fs::read_to_string(&said)
+                    .await
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .map(String::from)
+                    .collect();
+                info!(sandbox_id = %sb.id, capabilities = ?h.capabilities,
+                      "agent re-attached after restart");
+                worker = Some(a(h));
             }
         }
         let mut states = sb.subscribe();
@@ -282,6 +298,12 @@ impl Node {
                                         h.capabilities = agent_hello.capabilities;
                                         h.arch = agent_hello.arch;
                                         h.labels = agent_hello.labels;
+                                    }
+                                    let lines: String =
+                                        h.capabilities.iter().map(|c| format!("{c}\n")).collect();
+                                    if let Err(e) = tokio::fs::write(&said, lines).await {
+                                        warn!(sandbox_id = %sb.id, error = %e,
+                                              "could not keep the agent's capabilities");
                                     }
                                     worker = Some(a(h));
                                     self.due_map().remove(&sb.id);

@@ -501,6 +501,23 @@ impl Net {
         Ok(fresh)
     }
 
+    /// Gives the sandbox side of the veth its address and default route again (blocking).
+    /// runsc `--network=sandbox` takes them off the interface when its sandbox boots (the
+    /// sentry's netstack owns them from then on), and a later `runsc restore` or `start` in the
+    /// same namespace leaves out an interface without an address: 20240729's restore then came
+    /// back with `lo` only (verified). Only while no task runs on the namespace: with the
+    /// address on it, the host kernel would answer the sandbox's packets too.
+    fn readdress(&self, slot: u32) -> std::result::Result<(), String> {
+        let iface = self.layout.iface(slot);
+        let (host, sandbox) = self.layout.addrs(slot);
+        let inside = format!(
+            "addr replace {sandbox}/30 dev eth0\n\
+             link set eth0 up\n\
+             route replace default via {host}\n"
+        );
+        run("ip", &["-n", &iface, "-batch", "-"], Some(&inside)).map(drop)
+    }
+
     /// Removes what [`Net::make`] made (blocking; what is gone already is fine).
     fn unmake(&self, id: &str, slot: u32) {
         let iface = self.layout.iface(slot);
@@ -769,6 +786,36 @@ impl Node {
         self.apply_egress(&sb.id, true).await?;
         info!(sandbox_id = %sb.id, iface = %n.layout.iface(slot),
               ms = t0.elapsed().as_secs_f64() * 1e3, "sandbox network up");
+        Ok(())
+    }
+
+    /// Readies a networked sandbox's network for its task to start on it again (a resume's
+    /// restore or cold start, after the task was deleted): the namespace and veth it kept
+    /// while suspended (made again, with its elements and source, if they went), and the
+    /// address and route runsc took off the sandbox's side put back ([`Net::readdress`]).
+    pub(super) async fn network_again(&self, sb: &Sandbox) -> Result<()> {
+        let (Some(_), Some(slot)) = (self.net(), sb.platform.as_ref().and_then(|p| p.network))
+        else {
+            return Ok(());
+        };
+        let node = self.clone();
+        let (id, host) = (sb.id.clone(), format!("sandbox-{}", &sb.id[..8]));
+        let meter = sb.meter.clone();
+        let fresh = blocking(move || {
+            let n = node.net().expect("checked above");
+            let fresh = n.make(&id, slot, &host)?;
+            if fresh {
+                meter.rebase_net();
+            } else {
+                n.readdress(slot)?;
+            }
+            Ok::<bool, String>(fresh)
+        })
+        .await?
+        .map_err(internal("sandbox network"))?;
+        if fresh {
+            self.apply_egress(&sb.id, true).await?;
+        }
         Ok(())
     }
 

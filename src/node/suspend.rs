@@ -127,11 +127,17 @@ impl Node {
     /// gives none).
     pub fn suspend_networked_unsupported(&self) -> Option<String> {
         let e = self.inner.cfg.egress.as_ref()?;
+        if e.runsc_network == "host" {
+            return Some(
+                "runsc cannot checkpoint a sandbox on the host's network stack \
+                 ([egress] runsc_network = \"host\"), so a sandbox with a network is not \
+                 suspended"
+                    .into(),
+            );
+        }
         (!e.suspend_with_network).then(|| {
-            format!(
-                "runsc {} restores a sandbox without its network interface (verified with                  20240729), so a sandbox with a network is not suspended; set [egress]                  suspend_with_network = true for a runsc whose restore keeps it",
-                self.inner.rt.choice().runsc.date.map_or("?".into(), |d| d.to_string())
-            )
+            "[egress] suspend_with_network = false: a sandbox with a network is not suspended"
+                .into()
         })
     }
 
@@ -454,6 +460,8 @@ impl Node {
         let dir = self.checkpoint_dir(&sb.id);
         let version = rt.choice().runsc.version.clone();
         let d = dir.clone();
+        // The sandbox's network (if any) as runsc needs it to take its interface again.
+        self.network_again(sb).await?;
         let mut lost = if from == Status::Failed {
             Some("it had failed".to_string())
         } else {
