@@ -36,6 +36,11 @@ fn run(cmd: &str) -> String {
 }
 
 /// The addresses the world serves on (its eth0 holds them all).
+/// The tests of this file run one at a time: a node runs one daemon, and each test's daemon
+/// and fake internet are heavy enough on 2 cores that timing-bound checks (TTLs of 2 s, cuts
+/// within 3 s) got flaky beside one another.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const WORLD: &str = "198.18.0.1";
 const NAMED: &str = "198.18.0.10";
 const DNS: &str = "198.18.0.53";
@@ -447,6 +452,7 @@ async fn on_the_host_stack_too_cidr_policies_live_grants_the_never_list_and_exac
 
 async fn cidr_policies_on(stack: &str) {
     need!();
+    let _serial = SERIAL.lock().await;
     let w = World::new(if stack == "host" { "o" } else { "a" }, &[], 300);
     let d = w.node(
         &format!("egress-cidr-{stack}"),
@@ -802,6 +808,7 @@ fn http_get(url: &str, host: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn dns_names_resolve_only_when_allowed_and_host_and_sni_are_checked() {
     need!();
+    let _serial = SERIAL.lock().await;
     // a.test and b.test share an address, as names behind one CDN do; meta.test points at
     // the metadata address; web.test and echo.test at the world's main host. TTL 1 s (the
     // node keeps an address open at least dns_min_ttl_secs = 2).
@@ -851,10 +858,15 @@ async fn dns_names_resolve_only_when_allowed_and_host_and_sni_are_checked() {
     assert_eq!(py(&ch, &id, &q).await, NAMED);
 
     // The same address under another name: its Host or SNI is refused. Each program resolves
-    // a.test first: the address is open only for the answer's TTL (2 s here), which a loaded
-    // machine can spend between two programs (a CI run got "connection refused" for the 403).
+    // a.test right before it connects: the address is open only for the answer's TTL (2 s
+    // here), which a loaded machine can spend between two programs, or on imports and loading
+    // CA certificates (CI runs got "connection refused" for the 403).
     let fresh = |script: String| {
-        format!("import socket\nsocket.getaddrinfo('a.test', 80, socket.AF_INET)\n{script}")
+        format!(
+            "import socket, ssl, urllib.request, urllib.error\n_connect = socket.create_connection\n\
+             def _fresh(*a, **k):\n    socket.getaddrinfo('a.test', 80, socket.AF_INET)\n    return _connect(*a, **k)\n\
+             socket.create_connection = _fresh\n{script}"
+        )
     };
     let out = py(&ch, &id, &fresh(tls(NAMED, "b.test"))).await;
     assert!(out.starts_with("refused"), "{out}");
@@ -1000,6 +1012,7 @@ async fn suspend_and_resume(ch: &Channel, id: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_behind() {
     need!();
+    let _serial = SERIAL.lock().await;
     let w = World::new("r", &[], 300);
     let mut d = w.node("egress-restart", "");
     let ch = d.local_channel().await;
@@ -1062,6 +1075,39 @@ async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_b
         suspend_and_resume(&ch, &id).await;
         let (alive, _) = sh_in(&ch, &id, &format!("kill -0 {} && echo alive", pid.trim())).await;
         assert_eq!(alive.trim(), "alive", "its memory was kept");
+        // A checkpoint that cannot be restored: the failed restore took the address off the
+        // interface again, and the cold start after it still has its network.
+        let mut s = SandboxServiceClient::new(ch.clone());
+        s.suspend_sandbox(pb::SuspendSandboxRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+        let img = d
+            .state_dir()
+            .join("checkpoints")
+            .join(&id)
+            .join("checkpoint.img");
+        assert!(img.exists(), "no {}", img.display());
+        std::fs::write(&img, vec![0xa5u8; 1 << 20]).unwrap();
+        let sb = s
+            .resume_sandbox(pb::ResumeSandboxRequest {
+                sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(sb.state, pb::SandboxState::Running as i32, "{sb:?}");
+        let (alive, _) = sh_in(
+            &ch,
+            &id,
+            &format!(
+                "[ \"$(cat /proc/{}/comm 2>/dev/null)\" = sleep ] && echo alive || echo gone",
+                pid.trim()
+            ),
+        )
+        .await;
+        assert_eq!(alive.trim(), "gone", "a cold start");
     }
     // The agent's capabilities outlived the kill -9: every exec, before and after it, went
     // through the agent (a process left by a containerd exec holds host descriptors that a
@@ -1136,6 +1182,7 @@ async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_b
 #[tokio::test(flavor = "multi_thread")]
 async fn the_base_policy_ends_with_its_bootstrap_and_grants_go_on() {
     need!();
+    let _serial = SERIAL.lock().await;
     let w = World::new("b", &[], 300);
     let d = w.node("egress-boot", "bootstrap_secs = 8");
     let ch = d.local_channel().await;
@@ -1253,6 +1300,7 @@ async fn expose(
 #[tokio::test(flavor = "multi_thread")]
 async fn preview_urls_reach_a_sandbox_app_by_curl_and_a_browser_through_node_and_router() {
     need!();
+    let _serial = SERIAL.lock().await;
     let w = World::new("p", &[], 300);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("preview.key");

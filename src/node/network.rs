@@ -724,10 +724,13 @@ impl Node {
                     .find(|x| x.name == r.name && x.addr == r.addr)
                 {
                     Some(x) => {
+                        // Extended only with the table: the kernel's element keeps the timeout
+                        // it was last given, and a later expiry noted here alone would leave
+                        // the daemon thinking an address open that the kernel has closed.
                         if x.expires_ms < now + ttl / 2 {
                             changed = true;
+                            x.expires_ms = x.expires_ms.max(until);
                         }
-                        x.expires_ms = x.expires_ms.max(until);
                     }
                     None => {
                         changed = true;

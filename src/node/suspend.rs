@@ -482,6 +482,8 @@ impl Node {
                 Err(e) => {
                     warn!(sandbox_id = %sb.id, error = %e, "restore failed: cold start");
                     lost = Some(format!("the checkpoint could not be restored: {e}"));
+                    // The failed restore may have taken the network's address already.
+                    self.network_again(sb).await?;
                 }
             }
         }
