@@ -974,15 +974,28 @@ async fn dns_names_resolve_only_when_allowed_and_host_and_sni_are_checked() {
     assert_eq!(bad.unwrap_err().code(), Code::InvalidArgument);
 }
 
-/// SuspendSandbox of `id` on the host's network stack (`runsc_network = "host"`), which runsc
-/// cannot checkpoint: the node refuses and the sandbox runs on.
-async fn suspend_is_refused(ch: &Channel, id: &str) {
-    let e = SandboxServiceClient::new(ch.clone())
+async fn suspend(ch: &Channel, id: &str) -> Result<pb::Sandbox, tonic::Status> {
+    SandboxServiceClient::new(ch.clone())
         .suspend_sandbox(pb::SuspendSandboxRequest {
             sandbox_id: id.into(),
         })
         .await
-        .unwrap_err();
+        .map(|r| r.into_inner())
+}
+
+async fn resume(ch: &Channel, id: &str) -> Result<pb::Sandbox, tonic::Status> {
+    SandboxServiceClient::new(ch.clone())
+        .resume_sandbox(pb::ResumeSandboxRequest {
+            sandbox_id: id.into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// SuspendSandbox of `id` on the host's network stack (`runsc_network = "host"`), which runsc
+/// cannot checkpoint: the node refuses and the sandbox runs on.
+async fn suspend_is_refused(ch: &Channel, id: &str) {
+    let e = suspend(ch, id).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("network"), "{e:?}");
     assert_eq!(get(ch, id).await.state, pb::SandboxState::Running as i32);
@@ -990,22 +1003,9 @@ async fn suspend_is_refused(ch: &Channel, id: &str) {
 
 /// SuspendSandbox of `id` (SUSPENDED, its memory kept), then ResumeSandbox (RUNNING).
 async fn suspend_and_resume(ch: &Channel, id: &str) {
-    let mut s = SandboxServiceClient::new(ch.clone());
-    let sb = s
-        .suspend_sandbox(pb::SuspendSandboxRequest {
-            sandbox_id: id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let sb = suspend(ch, id).await.unwrap();
     assert_eq!(sb.state, pb::SandboxState::Suspended as i32, "{sb:?}");
-    let sb = s
-        .resume_sandbox(pb::ResumeSandboxRequest {
-            sandbox_id: id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let sb = resume(ch, id).await.unwrap();
     assert_eq!(sb.state, pb::SandboxState::Running as i32, "{sb:?}");
 }
 
@@ -1077,12 +1077,7 @@ async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_b
         assert_eq!(alive.trim(), "alive", "its memory was kept");
         // A checkpoint that cannot be restored: the failed restore took the address off the
         // interface again, and the cold start after it still has its network.
-        let mut s = SandboxServiceClient::new(ch.clone());
-        s.suspend_sandbox(pb::SuspendSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap();
+        suspend(&ch, &id).await.unwrap();
         let img = d
             .state_dir()
             .join("checkpoints")
@@ -1090,13 +1085,7 @@ async fn grants_and_counters_survive_restarts_and_suspends_and_nothing_is_left_b
             .join("checkpoint.img");
         assert!(img.exists(), "no {}", img.display());
         std::fs::write(&img, vec![0xa5u8; 1 << 20]).unwrap();
-        let sb = s
-            .resume_sandbox(pb::ResumeSandboxRequest {
-                sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let sb = resume(&ch, &id).await.unwrap();
         assert_eq!(sb.state, pb::SandboxState::Running as i32, "{sb:?}");
         let (alive, _) = sh_in(
             &ch,
@@ -1662,12 +1651,7 @@ async fn preview_urls_reach_a_sandbox_app_by_curl_and_a_browser_through_node_and
         preview_curl(&w, &base, &cookie),
         "200 hello from the sandbox"
     );
-    SandboxServiceClient::new(ch.clone())
-        .suspend_sandbox(pb::SuspendSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap();
+    suspend(&ch, &id).await.unwrap();
     let page = w.in_host(&format!(
         "curl -s -m 10 -i -b {} --resolve 8000-{id}.preview.test:18088:127.0.0.1 {base}",
         jar.display()
@@ -1680,13 +1664,7 @@ async fn preview_urls_reach_a_sandbox_app_by_curl_and_a_browser_through_node_and
     assert!(page.contains("suspended"), "{page}");
     // Resumed: the same app (its memory kept: the server process, its listening socket and
     // the exec serving it) answers through the same URL and cookie again.
-    let resumed = SandboxServiceClient::new(ch.clone())
-        .resume_sandbox(pb::ResumeSandboxRequest {
-            sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let resumed = resume(&ch, &id).await.unwrap();
     assert_eq!(resumed.state, pb::SandboxState::Running as i32);
     assert_eq!(
         preview_curl(&w, &base, &cookie),

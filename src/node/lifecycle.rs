@@ -18,6 +18,11 @@ use crate::metering::{HostLimits, Usage, CPU_PERIOD_US};
 use crate::runtime::{spec, SandboxLaunch, TaskState};
 use crate::{volume, workspace};
 
+/// The host name of sandbox `id` (its spec's, and its `/etc/hosts` line when it has a network).
+pub(super) fn hostname(id: &str) -> String {
+    format!("sandbox-{}", &id[..8])
+}
+
 impl Node {
     fn backend(&self, sb: &Sandbox) -> volume::Backend {
         self.inner
@@ -124,7 +129,7 @@ impl Node {
         let (netns, net_files) = self.network_of(sb).unzip();
         let mounts = self.mounts_of(sb.definition());
         spec::sandbox_spec(&spec::SandboxSpec {
-            hostname: format!("sandbox-{}", &sb.id[..8]),
+            hostname: hostname(&sb.id),
             init_args,
             env: image_env.to_vec(),
             workspace_dir: &mounts[0].paths.data,

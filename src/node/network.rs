@@ -480,12 +480,7 @@ impl Net {
                  link set {iface} up\n"
             );
             run("ip", &["-batch", "-"], Some(&script))?;
-            let inside = format!(
-                "addr add {sandbox}/30 dev eth0\n\
-                 link set eth0 up\n\
-                 link set lo up\n\
-                 route add default via {host}\n"
-            );
+            let inside = self.inside(slot) + "link set lo up\n";
             run("ip", &["-n", &iface, "-batch", "-"], Some(&inside))?;
         }
         std::fs::write(
@@ -509,13 +504,23 @@ impl Net {
     /// address on it, the host kernel would answer the sandbox's packets too.
     fn readdress(&self, slot: u32) -> std::result::Result<(), String> {
         let iface = self.layout.iface(slot);
+        run(
+            "ip",
+            &["-n", &iface, "-batch", "-"],
+            Some(&self.inside(slot)),
+        )
+        .map(drop)
+    }
+
+    /// The `ip -batch` lines that give the sandbox side of slot `slot`'s veth its address,
+    /// link and default route (what [`Net::make`] sets up and [`Net::readdress`] puts back).
+    fn inside(&self, slot: u32) -> String {
         let (host, sandbox) = self.layout.addrs(slot);
-        let inside = format!(
+        format!(
             "addr replace {sandbox}/30 dev eth0\n\
              link set eth0 up\n\
              route replace default via {host}\n"
-        );
-        run("ip", &["-n", &iface, "-batch", "-"], Some(&inside)).map(drop)
+        )
     }
 
     /// Removes what [`Net::make`] made (blocking; what is gone already is fine).
@@ -763,19 +768,7 @@ impl Node {
         };
         let base = base_policy(sb);
         let t0 = std::time::Instant::now();
-        let node = self.clone();
-        let (id, host) = (sb.id.clone(), format!("sandbox-{}", &sb.id[..8]));
-        let meter = sb.meter.clone();
-        blocking(move || {
-            let n = node.net().expect("checked above");
-            let fresh = n.make(&id, slot, &host)?;
-            if fresh {
-                meter.rebase_net();
-            }
-            Ok::<(), String>(())
-        })
-        .await?
-        .map_err(internal("sandbox network"))?;
+        self.make_network(sb, slot, false).await?;
         {
             let mut b = lock(&n.bindings);
             let e = b.entry(sb.id.clone()).or_insert_with(|| Binding {
@@ -792,6 +785,26 @@ impl Node {
         Ok(())
     }
 
+    /// [`Net::make`] for sandbox `sb` on `slot` (its meter rebased on a new veth), and with
+    /// `readdress` [`Net::readdress`] on a veth it kept. Returns whether the veth is new.
+    async fn make_network(&self, sb: &Sandbox, slot: u32, readdress: bool) -> Result<bool> {
+        let node = self.clone();
+        let (id, host) = (sb.id.clone(), super::lifecycle::hostname(&sb.id));
+        let meter = sb.meter.clone();
+        blocking(move || {
+            let n = node.net().expect("a slot is only given with a network");
+            let fresh = n.make(&id, slot, &host)?;
+            if fresh {
+                meter.rebase_net();
+            } else if readdress {
+                n.readdress(slot)?;
+            }
+            Ok::<bool, String>(fresh)
+        })
+        .await?
+        .map_err(internal("sandbox network"))
+    }
+
     /// Readies a networked sandbox's network for its task to start on it again (a resume's
     /// restore or cold start, after the task was deleted): the namespace and veth it kept
     /// while suspended (made again, with its elements and source, if they went), and the
@@ -801,22 +814,7 @@ impl Node {
         else {
             return Ok(());
         };
-        let node = self.clone();
-        let (id, host) = (sb.id.clone(), format!("sandbox-{}", &sb.id[..8]));
-        let meter = sb.meter.clone();
-        let fresh = blocking(move || {
-            let n = node.net().expect("checked above");
-            let fresh = n.make(&id, slot, &host)?;
-            if fresh {
-                meter.rebase_net();
-            } else {
-                n.readdress(slot)?;
-            }
-            Ok::<bool, String>(fresh)
-        })
-        .await?
-        .map_err(internal("sandbox network"))?;
-        if fresh {
+        if self.make_network(sb, slot, true).await? {
             self.apply_egress(&sb.id, true).await?;
         }
         Ok(())
