@@ -78,6 +78,14 @@ pub async fn sweep_namespace(containerd: &Path, namespace: &str) {
 }
 
 impl Base {
+    /// The raw checkpoints with runsc `--compression=compression` (None: runsc's default).
+    pub fn with_checkpoint_compression(mut self, compression: Option<&str>) -> Base {
+        if let Some(c) = compression {
+            self.cfg.checkpoint_compression = c.to_string();
+        }
+        self
+    }
+
     /// Prepares the baseline's directories and config (nothing runs yet).
     pub fn new(
         image_tar: &Path,

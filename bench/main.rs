@@ -117,6 +117,10 @@ struct Args {
     /// Override: most sandboxes of the density scenario.
     #[arg(long)]
     density: Option<usize>,
+    /// runsc checkpoint `--compression` on both sides (`none`, `flate-best-speed`); unset:
+    /// the daemon's default (`checkpoint_compression`).
+    #[arg(long)]
+    checkpoint_compression: Option<String>,
     /// Override: idle Python sessions per side of the suspend group.
     #[arg(long)]
     suspend_sessions: Option<usize>,
@@ -142,6 +146,9 @@ impl Args {
             density: self.density.unwrap_or(if q { 20 } else { 200 }),
             idle: Duration::from_secs(if q { 10 } else { 30 }),
             workload_rounds: self.workload_rounds.unwrap_or(if q { 2 } else { 10 }),
+            // The raw side's burst (50 concurrent `runsc exec`s) takes a minute: once in a
+            // quick run.
+            burst_rounds: if q { 1 } else { usize::MAX },
             mem_reserve: self.mem_reserve_mib << 20,
             suspend_sessions: self
                 .suspend_sessions
@@ -237,6 +244,9 @@ async fn bench(args: Args) -> Result<u8> {
         tmp.display()
     );
     eprintln!("compute-bench: plan {plan:?}");
+    if let Some(c) = &args.checkpoint_compression {
+        eprintln!("compute-bench: checkpoint_compression {c:?} on both sides");
+    }
 
     let made = (|| -> Result<(Ours, Base)> {
         Ok((
@@ -249,14 +259,16 @@ async fn bench(args: Args) -> Result<u8> {
                 tmp.join("ours"),
                 &args.storage_class,
             )?
-            .with_store(args.workspace_store.as_deref())?,
+            .with_store(args.workspace_store.as_deref())?
+            .with_checkpoint_compression(args.checkpoint_compression.as_deref())?,
             Base::new(
                 &image_tar,
                 &args.containerd,
                 &args.runsc,
                 &args.platform,
                 tmp.join("base"),
-            )?,
+            )?
+            .with_checkpoint_compression(args.checkpoint_compression.as_deref()),
         ))
     })();
     let (ours, base) = match made {
@@ -761,7 +773,10 @@ async fn run(
     if args.runs("workloads") {
         eprintln!("compute-bench: workloads (sides take turns)");
         let rounds = plan.workload_rounds;
-        let [ro, rb] = by_side(errs, scenarios::workloads(&live, rounds).await);
+        let [ro, rb] = by_side(
+            errs,
+            scenarios::workloads(&live, rounds, plan.burst_rounds).await,
+        );
         for (k, (name, argv, what)) in scenarios::WORKLOADS.iter().enumerate() {
             push(Scenario {
                 name,

@@ -115,6 +115,17 @@ impl Ours {
         Ok(self)
     }
 
+    /// The same daemon with `checkpoint_compression = compression` (None: the node's default).
+    pub fn with_checkpoint_compression(mut self, compression: Option<&str>) -> Result<Ours> {
+        let Some(c) = compression else {
+            return Ok(self);
+        };
+        self.base_toml += &format!("checkpoint_compression = {c:?}\n");
+        std::fs::write(&self.config, &self.base_toml)
+            .with_context(|| format!("write {}", self.config.display()))?;
+        Ok(self)
+    }
+
     /// The same daemon with its workspace store at `store` (None: keeps `<state_dir>/store`).
     pub fn with_store(mut self, store: Option<&Path>) -> Result<Ours> {
         let Some(store) = store else {

@@ -34,6 +34,8 @@ pub struct Plan {
     pub mem_reserve: u64,
     /// Rounds of the agents' workloads per side.
     pub workload_rounds: usize,
+    /// Of those rounds, how many end with a burst of execs (the raw side's takes a minute).
+    pub burst_rounds: usize,
     /// Idle Python sessions per side of the suspend group.
     pub suspend_sessions: usize,
 }
@@ -503,8 +505,13 @@ async fn burst<T: Target>(t: &T, id: &str) -> Result<f64> {
 }
 
 /// One ready sandbox per side with a 300,000-line file; one warm-up round of the workloads (not
-/// recorded), then `rounds` rounds of every workload and a burst, the sides taking turns.
-pub async fn workloads<T: Target>(sides: &[&T], rounds: usize) -> Vec<Result<Workloads>> {
+/// recorded), then `rounds` rounds of every workload, the first `bursts` of them ending with a
+/// burst, the sides taking turns.
+pub async fn workloads<T: Target>(
+    sides: &[&T],
+    rounds: usize,
+    bursts: usize,
+) -> Vec<Result<Workloads>> {
     let mut out: Vec<Result<Workloads>> = Vec::new();
     let mut ids: Vec<Option<String>> = Vec::new();
     let prepare = "seq 1 300000 | sed 's/$/ some text/' > /workspace/lines.txt";
@@ -553,8 +560,8 @@ pub async fn workloads<T: Target>(sides: &[&T], rounds: usize) -> Vec<Result<Wor
             // The warm-up round has no burst: it would only repeat the measured ones (a burst
             // of raw `runsc exec`s takes a minute on 2 cores).
             let b = match failed {
-                None if i > 0 => burst(sides[s], id).await,
-                None => Ok(0.0),
+                None if i > 0 && i <= bursts => burst(sides[s], id).await.map(Some),
+                None => Ok(None),
                 Some(e) => Err(e),
             };
             match b {
@@ -562,7 +569,7 @@ pub async fn workloads<T: Target>(sides: &[&T], rounds: usize) -> Vec<Result<Wor
                     for (k, v) in round.into_iter().enumerate() {
                         acc.ms[k].push(v);
                     }
-                    acc.burst_ms.push(b);
+                    acc.burst_ms.extend(b);
                 }
                 Ok(_) => {}
                 Err(e) => fail(sides[s], "workloads", &mut out[s], e),

@@ -39,6 +39,11 @@ const SESSION: &str = "setsid python3 -c 'import json, os, time; x = list(range(
     open(\"/tmp/py-session\", \"w\").write(str(os.getpid())); time.sleep(1e9)' \
     </dev/null >/dev/null 2>&1 &";
 
+/// The least host memory counted for one suspended session, bytes: the daemon's bookkeeping of
+/// a sandbox, which its VmRSS growth over a few sessions cannot resolve (it reads 0 or less).
+/// A figure below it makes `sessions_per_node_ratio` a lower bound.
+const SUSPENDED_FLOOR: f64 = 64.0 * 1024.0;
+
 /// Host memory of one sandbox, bytes.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HostMem {
@@ -654,7 +659,7 @@ pub async fn group(
             let mut side = common(
                 Side::measured(Some(Dist {
                     n: m.n as u64,
-                    ..Dist::single(r3(res / sus.max(1.0)))
+                    ..Dist::single(r3(res / sus.max(SUSPENDED_FLOOR)))
                 })),
                 m,
             )
@@ -668,7 +673,8 @@ pub async fn group(
             .with("suspended_outside_procs", s.outside_procs)
             .with("suspended_cgroups_left", left_cg)
             .with("suspended_shims_left", left_shim)
-            .with("ratio_with_rss", r3(res_rss / sus_rss.max(1.0)));
+            .with("ratio_with_rss", r3(res_rss / sus_rss.max(SUSPENDED_FLOOR)))
+            .with("ratio_is_lower_bound", sus < SUSPENDED_FLOOR);
             if let Ok(raw) = &rb {
                 let r = raw.per_session().0;
                 side = side.with("resident_vs_raw", r3(res / r.max(1.0)));
@@ -700,7 +706,9 @@ pub async fn group(
              (those whose command line names it: the containerd shim, the agent's \
              `computed fifo-hold` holder) + the daemon's VmRSS growth / N since before the \
              sessions (resident: with all N running; suspended: with all N suspended), each \
-             after 2 s of settling; not counted: the checkpoint on disk (see \
+             after 2 s of settling, a suspended session counted as at least 64 KiB (the \
+             daemon's bookkeeping, below what its VmRSS resolves: ours_ratio_is_lower_bound \
+             says when the floor applied); not counted: the checkpoint on disk (see \
              suspended_session_disk_bytes) and page cache; ours_ratio_with_rss: the same with \
              VmRSS instead of PSS (shared pages counted in full); baseline: the target ({target}x), \
              with the raw runsc sandbox of the same workload's resident memory (cgroup + shim \

@@ -196,10 +196,18 @@ pub fn choose_runtime(cfg: &Config) -> Result<RuntimeChoice> {
                     net_flags.push(format!("--platform={p}"));
                 }
             }
+            // A runsc without `checkpoint --compression` (20221219, which cannot suspend with
+            // the agent anyway) writes its one kind of image.
+            let checkpoint_flags: Vec<String> = (!cfg.checkpoint_compression.is_empty()
+                && runsc.has("checkpoint-compression"))
+            .then(|| format!("--compression={}", cfg.checkpoint_compression))
+            .into_iter()
+            .collect();
             let script = spec::wrapper_script(
                 &cfg.runsc_path,
                 &flags,
                 &net_flags,
+                &checkpoint_flags,
                 &cfg.run_dir.join("net"),
                 cfg.egress.as_ref().map_or("sandbox", |e| &e.runsc_network),
             );

