@@ -120,10 +120,15 @@ impl Ours {
         let Some(c) = compression else {
             return Ok(self);
         };
-        self.base_toml += &format!("checkpoint_compression = {c:?}\n");
-        std::fs::write(&self.config, &self.base_toml)
-            .with_context(|| format!("write {}", self.config.display()))?;
+        self.add_config(&format!("checkpoint_compression = {c:?}"))?;
         Ok(self)
+    }
+
+    /// Adds one line to the config file (the daemon reads it when it starts).
+    fn add_config(&mut self, line: &str) -> Result<()> {
+        self.base_toml += &format!("{line}\n");
+        std::fs::write(&self.config, &self.base_toml)
+            .with_context(|| format!("write {}", self.config.display()))
     }
 
     /// The same daemon with its workspace store at `store` (None: keeps `<state_dir>/store`).
@@ -131,9 +136,7 @@ impl Ours {
         let Some(store) = store else {
             return Ok(self);
         };
-        self.base_toml += &format!("workspace_store_dir = {store:?}\n");
-        std::fs::write(&self.config, &self.base_toml)
-            .with_context(|| format!("write {}", self.config.display()))?;
+        self.add_config(&format!("workspace_store_dir = {store:?}"))?;
         self.store = store.to_path_buf();
         Ok(self)
     }
