@@ -76,7 +76,7 @@ async fn cpu_is_within_ten_percent_of_the_process_cpu_time() {
     // is the bench's `idle_cpu` row, not a timed test's.
     let before = lifetime(&mut c, &id).await.cpu_ms;
     let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let after = lifetime(&mut c, &id).await.cpu_ms;
     let rate = (after - before) as f64 / t0.elapsed().as_secs_f64();
     eprintln!("idle CPU: {rate:.2} ms/s");
@@ -296,7 +296,7 @@ async fn fifty_idle_sandboxes_are_metered_and_the_daemon_stays_quiet() {
     let pid = d.pid();
     let cpu0 = proc_cpu_ms(pid);
     let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
     let used = proc_cpu_ms(pid) - cpu0;
     let share = used as f64 / t0.elapsed().as_millis() as f64;
     eprintln!(
